@@ -1,0 +1,27 @@
+// Tunables: every number librsock uses that a user may want to change.
+// Defaults live here (and only here); config/ fills a Tunables from the config
+// file and RSOCK_<KEY> environment variables; transport/ and socket/ read it.
+// docs/config.md documents each key.
+#pragma once
+
+#include <cstdint>
+
+namespace rsock::config {
+
+struct Tunables {
+  // Transport (rdma) ----------------------------------------------------------
+  uint32_t ring_bytes = 256 * 1024;   // each of a connection's send and receive rings
+  uint32_t inline_threshold = 64;     // writes up to this size are posted inline
+  uint32_t spin_us = 20;              // busy-poll the CQ this long before sleeping
+  uint32_t resolve_timeout_ms = 500;  // rdma_resolve_addr / rdma_resolve_route bound
+  uint32_t connect_timeout_ms = 1000; // rdma_connect until ESTABLISHED
+  uint32_t keepalive_ms = 500;        // liveness probe period on an idle connection
+  // Upgrade (socket layer) ----------------------------------------------------
+  uint32_t upgrade_timeout_ms = 2000; // whole TCP->RDMA rendezvous, then stay on TCP
+  uint32_t negative_cache_ttl_s = 60; // how long a peer that refused stays on TCP
+  uint32_t port_offset = 0;           // rdma_cm port = TCP port + offset (mod 65536)
+  // Observability -------------------------------------------------------------
+  bool stats = true;                  // publish counters for rsock-stat
+};
+
+}  // namespace rsock::config

@@ -1,0 +1,29 @@
+#include "util/sys.h"
+
+#include <sys/ioctl.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+// glibc's fortify entry points have no public prototypes without _FORTIFY_SOURCE.
+extern "C" {
+ssize_t __read_chk(int, void*, size_t, size_t);
+ssize_t __recv_chk(int, void*, size_t, size_t, int);
+ssize_t __recvfrom_chk(int, void*, size_t, size_t, int, struct sockaddr*, socklen_t*);
+int __poll_chk(struct pollfd*, nfds_t, int, size_t);
+int __ppoll_chk(struct pollfd*, nfds_t, const struct timespec*, const sigset_t*, size_t);
+}
+
+namespace rsock::sys {
+
+// Constant-initialised: valid before any constructor runs. In librsock.so
+// preload/ overwrites every entry with the next definition (libc's).
+Libc libc = {
+#define RSOCK_X(ret, name, params, args) &::name,
+    RSOCK_LIBC_FUNCS(RSOCK_X)
+#undef RSOCK_X
+#define RSOCK_XV(name, type) &::name,
+    RSOCK_LIBC_VARIADIC(RSOCK_XV)
+#undef RSOCK_XV
+};
+
+}  // namespace rsock::sys
