@@ -10,7 +10,7 @@ namespace rsock {
 
 // Tag type so that `return Err(EAGAIN);` converts into any Status<T>.
 struct Err {
-  explicit constexpr Err(int code) : code(code) {}
+  explicit constexpr Err(int c) : code(c) {}
   int code;
 };
 
