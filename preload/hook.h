@@ -1,0 +1,101 @@
+// What every hook needs: the real libc functions, the recursion guard, errno
+// discipline and the export attribute.
+//
+// Shape of a hook (five lines, no logic of its own beyond dispatch):
+//   RSOCK_HOOK ssize_t read(int fd, void* b, size_t n) noexcept {
+//     HookScope h;
+//     if (auto s = h.tracked(fd)) return h.io_rx(s, real().read(fd, b, n));
+//     return real().read(fd, b, n);
+//   }
+#pragma once
+
+#include <cerrno>
+
+#include "socket/fd_table.h"
+#include "util/status.h"
+#include "util/sys.h"
+
+#define RSOCK_HOOK extern "C" __attribute__((visibility("default")))
+
+namespace rsock::preload {
+
+// Fills sys::libc with dlsym(RTLD_NEXT, ...) once. Safe to call from any
+// hook at any time, also before our constructors have run.
+void resolve_libc();
+extern std::atomic<bool> g_resolved;
+
+inline const sys::Libc& real() {
+  if (!g_resolved.load(std::memory_order_acquire)) [[unlikely]]
+    resolve_libc();
+  return sys::libc;
+}
+
+// Depth of librsock's own code on this thread. While > 0 every hook is a plain
+// pass-through: calls that rdma-core or our own code make must never be
+// interpreted as the application's.
+extern thread_local int t_depth __attribute__((tls_model("initial-exec")));
+
+class HookScope {
+ public:
+  HookScope() : saved_errno_(errno) { ++t_depth; }
+  ~HookScope() { --t_depth; }
+  HookScope(const HookScope&) = delete;
+  HookScope& operator=(const HookScope&) = delete;
+
+  // The tracked socket behind fd, or an empty ref (also when re-entered).
+  socket::SocketRef tracked(int fd) const {
+    if (t_depth > 1) return {};
+    return socket::lookup(fd);
+  }
+
+  // Converts a Status into the libc convention: value, or -1 with errno set.
+  // On success errno is restored, so nothing the library did leaks out.
+  template <typename T>
+  T finish(const Status<T>& st) {
+    if (!st.ok()) {
+      errno = st.error();
+      return static_cast<T>(-1);
+    }
+    errno = saved_errno_;
+    return *st;
+  }
+  int finish(const Status<void>& st) {
+    errno = st.ok() ? saved_errno_ : st.error();
+    return st.ok() ? 0 : -1;
+  }
+  // A kernel result passed through; errno is the kernel's on failure and ours
+  // is put back on success.
+  template <typename T>
+  T pass(T r) {
+    if (r >= 0) errno = saved_errno_;
+    return r;
+  }
+  // I/O on a tracked socket that went to the kernel: count it.
+  template <typename T>
+  T io_rx(const socket::SocketRef& s, T r) {
+    if (r > 0) s->on_tcp_rx(r);
+    return pass(r);
+  }
+  template <typename T>
+  T io_tx(const socket::SocketRef& s, T r) {
+    if (r > 0) s->on_tcp_tx(r);
+    return pass(r);
+  }
+
+ private:
+  int saved_errno_;
+};
+
+// Sum of a msghdr's/mmsghdr's transferred bytes, for counters.
+ssize_t mmsg_bytes(const struct mmsghdr* m, int n);
+
+// Starts tracking a TCP socket that just appeared at `fd` (socket/accept).
+void track_new(int fd, int domain, socket::Role role, bool nonblocking);
+
+// An fd the kernel just gave out that we do not track: forget whatever a
+// missed close left in its slot (e.g. a raw syscall(SYS_close)).
+inline void forget(int fd) {
+  if (auto* t = socket::FdTable::get_if_exists()) t->remove(fd);
+}
+
+}  // namespace rsock::preload

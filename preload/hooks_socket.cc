@@ -1,0 +1,118 @@
+// Hooks: socket lifecycle, addresses and options. Everything runs on the real
+// kernel socket (TCP first); these hooks only keep the fd table in step.
+#include <sys/socket.h>
+
+#include "preload/hook.h"
+
+using rsock::preload::HookScope;
+using rsock::preload::real;
+using rsock::preload::track_new;
+using rsock::socket::Role;
+
+namespace rsock::preload {
+
+void track_new(int fd, int domain, Role role, bool nonblocking) {
+  socket::FdTable* t = socket::FdTable::get_or_create();
+  if (!t) return;  // no memory for the table: the socket stays plain TCP
+  socket::SocketRef s(socket::new_socket(domain, role, nonblocking));
+  if (s) t->install(fd, s.get());
+  else t->remove(fd);
+}
+
+// Listening sockets inherited across exec (or created before we were loaded)
+// are adopted at their first accept, so their connections are tracked too.
+static socket::SocketRef adopt_listener(int fd) {
+  int domain = 0, type = 0, proto = 0;
+  socklen_t len = sizeof domain;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0) return {};
+  if (domain != AF_INET && domain != AF_INET6) return {};
+  len = sizeof type;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0) return {};
+  len = sizeof proto;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) != 0) return {};
+  if (!socket::is_tracked_kind(domain, type, proto)) return {};
+  track_new(fd, domain, Role::kListener, false);
+  return socket::lookup(fd);
+}
+
+static int accept_common(HookScope& h, int fd, int r, int flags) {
+  if (r < 0) return r;
+  socket::SocketRef l = h.tracked(fd);
+  if (!l && t_depth == 1) l = adopt_listener(fd);
+  if (l) track_new(r, l->domain(), Role::kAccepted, flags & SOCK_NONBLOCK);
+  else forget(r);
+  return h.pass(r);
+}
+
+}  // namespace rsock::preload
+
+RSOCK_HOOK int socket(int domain, int type, int protocol) noexcept {
+  HookScope h;
+  int fd = real().socket(domain, type, protocol);
+  if (fd < 0 || rsock::preload::t_depth > 1) return fd;
+  if (rsock::socket::is_tracked_kind(domain, type, protocol))
+    track_new(fd, domain, Role::kUnknown, type & SOCK_NONBLOCK);
+  else
+    rsock::preload::forget(fd);
+  return h.pass(fd);
+}
+
+RSOCK_HOOK int socketpair(int domain, int type, int protocol, int sv[2]) noexcept {
+  HookScope h;
+  int r = real().socketpair(domain, type, protocol, sv);
+  if (r == 0) rsock::preload::forget(sv[0]), rsock::preload::forget(sv[1]);
+  return h.pass(r);
+}
+
+RSOCK_HOOK int bind(int fd, const struct sockaddr* addr, socklen_t len) noexcept {
+  HookScope h;
+  return h.pass(real().bind(fd, addr, len));
+}
+
+RSOCK_HOOK int listen(int fd, int backlog) noexcept {
+  HookScope h;
+  int r = real().listen(fd, backlog);
+  if (auto s = h.tracked(fd); s && r == 0) s->set_role(Role::kListener);
+  return h.pass(r);
+}
+
+RSOCK_HOOK int accept(int fd, struct sockaddr* addr, socklen_t* len) noexcept {
+  HookScope h;
+  return rsock::preload::accept_common(h, fd, real().accept(fd, addr, len), 0);
+}
+
+RSOCK_HOOK int accept4(int fd, struct sockaddr* addr, socklen_t* len, int flags) noexcept {
+  HookScope h;
+  return rsock::preload::accept_common(h, fd, real().accept4(fd, addr, len, flags), flags);
+}
+
+RSOCK_HOOK int connect(int fd, const struct sockaddr* addr, socklen_t len) noexcept {
+  HookScope h;
+  if (auto s = h.tracked(fd)) s->set_role(Role::kClient);
+  return h.pass(real().connect(fd, addr, len));
+}
+
+RSOCK_HOOK int shutdown(int fd, int how) noexcept {
+  HookScope h;
+  return h.pass(real().shutdown(fd, how));
+}
+
+RSOCK_HOOK int setsockopt(int fd, int level, int opt, const void* val, socklen_t len) noexcept {
+  HookScope h;
+  return h.pass(real().setsockopt(fd, level, opt, val, len));
+}
+
+RSOCK_HOOK int getsockopt(int fd, int level, int opt, void* val, socklen_t* len) noexcept {
+  HookScope h;
+  return h.pass(real().getsockopt(fd, level, opt, val, len));
+}
+
+RSOCK_HOOK int getsockname(int fd, struct sockaddr* addr, socklen_t* len) noexcept {
+  HookScope h;
+  return h.pass(real().getsockname(fd, addr, len));
+}
+
+RSOCK_HOOK int getpeername(int fd, struct sockaddr* addr, socklen_t* len) noexcept {
+  HookScope h;
+  return h.pass(real().getpeername(fd, addr, len));
+}

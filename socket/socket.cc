@@ -1,0 +1,100 @@
+#include "socket/socket.h"
+
+#include <netinet/in.h>
+#include <sys/mman.h>
+
+#include <atomic>
+#include <new>
+
+#include "socket/fd_table.h"
+
+namespace rsock::socket {
+
+bool is_tracked_kind(int domain, int type, int protocol) {
+  if (domain != AF_INET && domain != AF_INET6) return false;
+  if ((type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) != SOCK_STREAM) return false;
+  return protocol == 0 || protocol == IPPROTO_TCP;
+}
+
+void Socket::init(int domain, Role role, bool nonblocking) {
+  domain_ = domain;
+  role_.store(role, std::memory_order_relaxed);
+  nonblocking_.store(nonblocking, std::memory_order_relaxed);
+  io_.tcp_rx_bytes.store(0, std::memory_order_relaxed);
+  io_.tcp_tx_bytes.store(0, std::memory_order_relaxed);
+  io_.tcp_rx_ops.store(0, std::memory_order_relaxed);
+  io_.tcp_tx_ops.store(0, std::memory_order_relaxed);
+  // Publishing the count last: a stale reader's try_ref() can only succeed
+  // once the object is fully initialised.
+  refs_.store(1, std::memory_order_release);
+}
+
+bool Socket::try_ref() {
+  uint32_t n = refs_.load(std::memory_order_acquire);
+  while (n != 0) {
+    if (refs_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) return true;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------------------
+// The pool. Objects are carved out of mmap()ed chunks that are never unmapped
+// (type-stable memory, see fd_table.h). Release is a lock-free push, so close()
+// stays async-signal-safe; allocation pops under a spin lock, which rules out
+// the ABA problem of concurrent pops.
+// ---------------------------------------------------------------------------
+class SocketPool {
+ public:
+  Socket* pop() {
+    lock();
+    Socket* s = head_.load(std::memory_order_acquire);
+    while (s && !head_.compare_exchange_weak(s, s->next_free_, std::memory_order_acq_rel)) {
+    }
+    if (!s) s = grow_locked();
+    unlock();
+    return s;
+  }
+  void push(Socket* s) {
+    Socket* h = head_.load(std::memory_order_relaxed);
+    do {
+      s->next_free_ = h;
+    } while (!head_.compare_exchange_weak(h, s, std::memory_order_release));
+  }
+  void lock() {
+    while (lock_.exchange(true, std::memory_order_acquire)) {
+    }
+  }
+  void unlock() { lock_.store(false, std::memory_order_release); }
+
+ private:
+  // Returns one new object and pushes the rest of a fresh chunk.
+  Socket* grow_locked() {
+    constexpr size_t kChunk = 64 * 1024;
+    void* mem = mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return nullptr;
+    auto* objs = static_cast<Socket*>(mem);
+    size_t n = kChunk / sizeof(Socket);
+    for (size_t i = 0; i < n; i++) new (&objs[i]) Socket();
+    for (size_t i = 1; i < n; i++) push(&objs[i]);
+    return &objs[0];
+  }
+  std::atomic<Socket*> head_{nullptr};
+  std::atomic<bool> lock_{false};
+};
+
+static constinit SocketPool g_pool;
+
+void Socket::unref() {
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) g_pool.push(this);
+}
+
+Socket* new_socket(int domain, Role role, bool nonblocking) {
+  Socket* s = g_pool.pop();
+  if (s) s->init(domain, role, nonblocking);
+  return s;
+}
+
+void before_fork() { g_pool.lock(); }
+void after_fork() { g_pool.unlock(); }
+
+}  // namespace rsock::socket
