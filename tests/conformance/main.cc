@@ -1,0 +1,104 @@
+// rsock_conformance: doctest main plus a per-test-case watchdog, so a test
+// that hangs (e.g. a lost wakeup under librsock) fails loudly instead of
+// stalling CI. The watchdog is a thread, not alarm(), so tests stay free to
+// use signals themselves.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "helpers.h"
+
+namespace {
+
+class Watchdog {
+ public:
+  static Watchdog& instance() {
+    static Watchdog* w = new Watchdog;  // leaked: must outlive static destructors
+    return *w;
+  }
+  void arm(const std::string& name) {
+    std::lock_guard<std::mutex> g(mu_);
+    name_ = name;
+    deadline_ = std::chrono::steady_clock::now() + budget_;
+    armed_ = true;
+    cv_.notify_all();
+  }
+  void disarm() {
+    std::lock_guard<std::mutex> g(mu_);
+    armed_ = false;
+    cv_.notify_all();
+  }
+
+ private:
+  Watchdog() {
+    const char* s = getenv("RSOCK_CONF_WATCHDOG_S");
+    int secs = s ? atoi(s) : 0;
+    budget_ = std::chrono::seconds(secs > 0 ? secs : 180);
+    // Block every signal in the watchdog so SIGPIPE/SIGALRM land on test threads.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    std::thread([this] { run(); }).detach();
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
+  void run() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      if (!armed_) {
+        cv_.wait(lk);
+        continue;
+      }
+      if (cv_.wait_until(lk, deadline_) == std::cv_status::timeout && armed_ &&
+          std::chrono::steady_clock::now() >= deadline_) {
+        std::string msg = "\nWATCHDOG: test case \"" + name_ + "\" exceeded " +
+                          std::to_string(budget_.count()) + " s; aborting the suite\n";
+        ssize_t r = write(2, msg.data(), msg.size());
+        (void)r;
+        _exit(124);
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string name_;
+  std::chrono::steady_clock::time_point deadline_{};
+  std::chrono::seconds budget_{180};
+  bool armed_ = false;
+};
+
+struct WatchdogListener : doctest::IReporter {
+  explicit WatchdogListener(const doctest::ContextOptions&) {}
+  void report_query(const doctest::QueryData&) override {}
+  void test_run_start() override {}
+  void test_run_end(const doctest::TestRunStats&) override {}
+  void test_case_start(const doctest::TestCaseData& tc) override { Watchdog::instance().arm(tc.m_name); }
+  void test_case_reenter(const doctest::TestCaseData& tc) override { Watchdog::instance().arm(tc.m_name); }
+  void test_case_end(const doctest::CurrentTestCaseStats&) override { Watchdog::instance().disarm(); }
+  void test_case_exception(const doctest::TestCaseException&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_assert(const doctest::AssertData&) override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+};
+
+}  // namespace
+
+REGISTER_LISTENER("rsock_watchdog", 1, WatchdogListener);
+
+int main(int argc, char** argv) {
+  conf::install_sigpipe_counter();
+  doctest::Context ctx;
+  ctx.applyCommandLine(argc, argv);
+  return ctx.run();
+}
