@@ -1,0 +1,40 @@
+#!/bin/bash
+# in_vm.sh BUILD_DIR LABELS -- guest side of vm.suite (runs inside tools/rxe-vm).
+# Refuses to run without rxe0 (never a false pass), then runs the labelled
+# tests with RSOCK_IN_VM=1 and fails if any `rdma` test skipped in here.
+set -uo pipefail
+BUILD=$1 LABELS=$2
+export RSOCK_IN_VM=1
+
+echo "== in VM: $(uname -r), $(nproc) vCPUs"
+devs=$(ibv_devices 2>&1)
+echo "$devs"
+if ! grep -qw rxe0 <<<"$devs"; then
+  echo "vm.suite: FAIL: ibv_devices does not list rxe0 inside the VM"
+  rdma link show 2>&1
+  exit 1
+fi
+rdma link show 2>&1
+
+# ctest writes Testing/ (LastTest.log, cost data) next to the CTestTestfile it
+# reads. The outer ctest that runs vm.suite uses BUILD's Testing/ right now, so
+# read BUILD's tests through a wrapper tree in guest /tmp instead.
+W=$(mktemp -d /tmp/vm-ctest.XXXXXX)
+printf 'subdirs("%s")\n' "$BUILD" > "$W/CTestTestfile.cmake"
+LOG=$W/ctest.out
+(cd "$W" && ctest -L "$LABELS" -LE vm --output-on-failure) 2>&1 | tee "$LOG"
+rc=${PIPESTATUS[0]}
+# Belt and braces: a pass needs ctest's own all-passed summary line too.
+grep -q '^100% tests passed' "$LOG" || { [ $rc = 0 ] && rc=1; }
+
+rdma_tests=$(cd "$W" && ctest -N -L rdma -LE vm | sed -n 's/^ *Test *#[0-9]*: //p')
+skipped=$(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) (Skipped).*/\1/p' "$LOG")
+bad=
+for s in $skipped; do
+  grep -qxF "$s" <<<"$rdma_tests" && bad="$bad $s"
+done
+if [ -n "$bad" ]; then
+  echo "vm.suite: FAIL: rdma tests skipped inside the VM (rxe0 present):$bad"
+  [ $rc = 0 ] && rc=1
+fi
+exit $rc

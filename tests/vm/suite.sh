@@ -1,0 +1,37 @@
+#!/bin/bash
+# suite.sh BUILD_DIR -- host side of ctest's vm.suite (run from the repo root).
+# Boots tools/rxe-vm and runs `ctest -L "rdma|conformance" -LE vm` of BUILD_DIR
+# inside it (tests/vm/in_vm.sh). Exit 77 = skipped (no VM possible here, or no
+# such tests registered); otherwise the status of the in-VM run.
+set -uo pipefail
+BUILD=${1:?usage: suite.sh BUILD_DIR}
+BUILD=$(cd "$BUILD" && pwd) || exit 1
+ROOT=$PWD
+LABELS='rdma|conformance'
+
+if [ "${RSOCK_IN_VM:-0}" = 1 ]; then
+  echo "SKIP: already inside the rxe VM"; exit 77
+fi
+if ! why=$(tools/rxe-vm --check 2>&1); then
+  echo "SKIP: cannot boot the rxe VM here: ${why:-tools/rxe-vm --check failed}"
+  exit 77
+fi
+n=$(ctest --test-dir "$BUILD" -N -L "$LABELS" -LE vm | sed -n 's/^Total Tests: //p')
+if [ "${n:-0}" = 0 ]; then
+  echo "SKIP: no tests labelled $LABELS in $BUILD"; exit 77
+fi
+case $BUILD/ in
+  "$ROOT"/*) ;;
+  *) echo "vm.suite: warning: $BUILD is not under $ROOT: the guest sees it read-only (writes are lost)" ;;
+esac
+echo "vm.suite: running $n tests ($LABELS) of $BUILD in the rxe VM"
+rc=0
+tools/rxe-vm --timeout "${RSOCK_VM_TIMEOUT:-1500}" -- "bash $ROOT/tests/vm/in_vm.sh $BUILD '$LABELS'" || rc=$?
+case $rc in
+  0) echo "vm.suite: PASS" ;;
+  125) echo "vm.suite: FAIL: the VM died or timed out before the tests finished" ;;
+  *) echo "vm.suite: FAIL (status $rc)" ;;
+esac
+# 77 from inside would be a false skip: only the host decides to skip.
+[ $rc = 77 ] && rc=1
+exit $rc
