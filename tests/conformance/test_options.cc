@@ -1,0 +1,244 @@
+// Socket options, fcntl and ioctl.
+#include <doctest/doctest.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "helpers.h"
+
+using namespace conf;
+
+TEST_CASE("options: SO_RCVTIMEO makes a blocking read fail with EAGAIN after the timeout") {
+  Pair p = connected_pair();
+  timeval tv{0, 200000};
+  REQUIRE(setsockopt(p.server, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+  timeval back{};
+  socklen_t len = sizeof back;
+  REQUIRE(getsockopt(p.server, SOL_SOCKET, SO_RCVTIMEO, &back, &len) == 0);
+  CHECK(back.tv_sec == 0);
+  CHECK(back.tv_usec >= 190000);
+  CHECK(back.tv_usec <= 210000);
+  char b[8];
+  int64_t t0 = now_ms();
+  errno = 0;
+  CHECK(read(p.server, b, sizeof b) == -1);
+  int64_t took = now_ms() - t0;
+  CHECK(errno == EAGAIN);
+  CHECK(took >= 150);
+  CHECK(took < 20 * 200 + 5000);
+  // recv honours it too; data arriving before the timeout is returned.
+  errno = 0;
+  CHECK(recv(p.server, b, sizeof b, 0) == -1);
+  CHECK(errno == EAGAIN);
+  REQUIRE(write(p.client, "in-time", 7) == 7);
+  CHECK(read_exact(p.server, b, 7) == 7);
+  CHECK(memcmp(b, "in-time", 7) == 0);
+  // Timeout 0 means block forever again: data sent a little later is received.
+  timeval zero{0, 0};
+  REQUIRE(setsockopt(p.server, SOL_SOCKET, SO_RCVTIMEO, &zero, sizeof zero) == 0);
+  // Invalid tv_usec: EDOM.
+  timeval bad{0, 2000000};
+  errno = 0;
+  CHECK(setsockopt(p.server, SOL_SOCKET, SO_RCVTIMEO, &bad, sizeof bad) == -1);
+  CHECK(errno == EDOM);
+}
+
+TEST_CASE("options: SO_SNDTIMEO bounds a blocking write into a full socket") {
+  Pair p = connected_pair();
+  // Small buffers so the socket fills quickly.
+  int sz = 16384;
+  setsockopt(p.client, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+  setsockopt(p.server, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
+  timeval tv{0, 200000};
+  REQUIRE(setsockopt(p.client, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0);
+  timeval back{};
+  socklen_t len = sizeof back;
+  REQUIRE(getsockopt(p.client, SOL_SOCKET, SO_SNDTIMEO, &back, &len) == 0);
+  CHECK(back.tv_usec >= 190000);
+  CHECK(back.tv_usec <= 210000);
+
+  std::vector<uint8_t> chunk(1 << 20);
+  fill_pattern(chunk.data(), chunk.size(), 0, 31);
+  // The peer never reads: each write either returns a short count (timed out
+  // after a partial write) or -1/EAGAIN (timed out before anything went out).
+  uint64_t total = 0;
+  bool timed_out = false;
+  int64_t last_took = 0;
+  for (int i = 0; i < 512 && !timed_out; ++i) {
+    int64_t t0 = now_ms();
+    ssize_t r = write(p.client, chunk.data(), chunk.size());
+    last_took = now_ms() - t0;
+    if (r < 0) {
+      REQUIRE_MESSAGE(errno == EAGAIN, errno_str(errno));
+      timed_out = true;
+    } else {
+      total += static_cast<uint64_t>(r);
+    }
+  }
+  REQUIRE(timed_out);
+  CHECK(last_took >= 150);
+  CHECK(total > 0);
+  // Everything that write() accepted arrives (written bytes are not lost on timeout).
+  set_nonblocking(p.server, true);
+  std::vector<uint8_t> in(total);
+  CHECK(read_exact(p.server, in.data(), in.size()) == total);
+  for (uint64_t off = 0; off < total; off += chunk.size()) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), total - off));
+    REQUIRE(check_pattern(in.data() + off, n, 0, 31) == n);
+  }
+}
+
+TEST_CASE("options: TCP_NODELAY get/set and other common options") {
+  Pair p = connected_pair();
+  int v = -1;
+  socklen_t len = sizeof v;
+  REQUIRE(getsockopt(p.client, IPPROTO_TCP, TCP_NODELAY, &v, &len) == 0);
+  CHECK(len == sizeof(int));
+  CHECK(v == 0);
+  int one = 1;
+  REQUIRE(setsockopt(p.client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0);
+  v = 0;
+  REQUIRE(getsockopt(p.client, IPPROTO_TCP, TCP_NODELAY, &v, &len) == 0);
+  CHECK(v != 0);
+  int zero = 0;
+  REQUIRE(setsockopt(p.client, IPPROTO_TCP, TCP_NODELAY, &zero, sizeof zero) == 0);
+  REQUIRE(getsockopt(p.client, IPPROTO_TCP, TCP_NODELAY, &v, &len) == 0);
+  CHECK(v == 0);
+
+  // SO_TYPE / SO_DOMAIN / SO_PROTOCOL / SO_ACCEPTCONN.
+  REQUIRE(getsockopt(p.client, SOL_SOCKET, SO_TYPE, &v, &len) == 0);
+  CHECK(v == SOCK_STREAM);
+  REQUIRE(getsockopt(p.client, SOL_SOCKET, SO_DOMAIN, &v, &len) == 0);
+  CHECK(v == AF_INET);
+  REQUIRE(getsockopt(p.client, SOL_SOCKET, SO_PROTOCOL, &v, &len) == 0);
+  CHECK(v == IPPROTO_TCP);
+  REQUIRE(getsockopt(p.client, SOL_SOCKET, SO_ACCEPTCONN, &v, &len) == 0);
+  CHECK(v == 0);
+  // SO_KEEPALIVE round-trips.
+  REQUIRE(setsockopt(p.client, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) == 0);
+  REQUIRE(getsockopt(p.client, SOL_SOCKET, SO_KEEPALIVE, &v, &len) == 0);
+  CHECK(v == 1);
+  // Buffer sizes are positive and settable (Linux doubles the request).
+  REQUIRE(getsockopt(p.client, SOL_SOCKET, SO_SNDBUF, &v, &len) == 0);
+  CHECK(v > 0);
+  int want = 65536;
+  REQUIRE(setsockopt(p.client, SOL_SOCKET, SO_RCVBUF, &want, sizeof want) == 0);
+  REQUIRE(getsockopt(p.client, SOL_SOCKET, SO_RCVBUF, &v, &len) == 0);
+  CHECK(v == 2 * want);
+  // Unknown option: ENOPROTOOPT; not a socket: ENOTSOCK.
+  errno = 0;
+  CHECK(getsockopt(p.client, SOL_SOCKET, 12345, &v, &len) == -1);
+  CHECK(errno == ENOPROTOOPT);
+  Fd nul(open("/dev/null", O_RDONLY));
+  errno = 0;
+  CHECK(getsockopt(nul, SOL_SOCKET, SO_TYPE, &v, &len) == -1);
+  CHECK(errno == ENOTSOCK);
+  // TCP_NODELAY still transfers data correctly.
+  REQUIRE(setsockopt(p.client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0);
+  for (int i = 0; i < 100; ++i) REQUIRE(write(p.client, &i, sizeof i) == sizeof i);
+  int got[100];
+  REQUIRE(read_exact(p.server, got, sizeof got) == sizeof got);
+  for (int i = 0; i < 100; ++i) CHECK(got[i] == i);
+}
+
+TEST_CASE("fcntl: O_NONBLOCK and FD_CLOEXEC") {
+  Pair p = connected_pair();
+  int fl = fcntl(p.server, F_GETFL);
+  REQUIRE(fl >= 0);
+  CHECK((fl & O_ACCMODE) == O_RDWR);
+  CHECK_FALSE((fl & O_NONBLOCK));
+  REQUIRE(fcntl(p.server, F_SETFL, fl | O_NONBLOCK) == 0);
+  CHECK((fcntl(p.server, F_GETFL) & O_NONBLOCK));
+  char b[4];
+  errno = 0;
+  CHECK(read(p.server, b, sizeof b) == -1);
+  CHECK(errno == EAGAIN);
+  errno = 0;
+  CHECK(recv(p.server, b, sizeof b, 0) == -1);
+  CHECK(errno == EAGAIN);
+  REQUIRE(fcntl(p.server, F_SETFL, fl) == 0);
+  CHECK_FALSE((fcntl(p.server, F_GETFL) & O_NONBLOCK));
+
+  CHECK(fcntl(p.server, F_GETFD) == 0);
+  REQUIRE(fcntl(p.server, F_SETFD, FD_CLOEXEC) == 0);
+  CHECK(fcntl(p.server, F_GETFD) == FD_CLOEXEC);
+  CHECK_FALSE((fcntl(p.server, F_GETFL) & O_NONBLOCK));  // fd flag, not status flag
+  REQUIRE(fcntl(p.server, F_SETFD, 0) == 0);
+  CHECK(fcntl(p.server, F_GETFD) == 0);
+
+  // Blocking again: a read waits for data sent later.
+  REQUIRE(write(p.client, "ok", 2) == 2);
+  CHECK(read_exact(p.server, b, 2) == 2);
+  // Socket created with SOCK_NONBLOCK|SOCK_CLOEXEC shows both.
+  Fd s(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  CHECK((fcntl(s, F_GETFL) & O_NONBLOCK));
+  CHECK(fcntl(s, F_GETFD) == FD_CLOEXEC);
+}
+
+TEST_CASE("ioctl: FIONBIO toggles nonblocking mode, visible through fcntl") {
+  Pair p = connected_pair();
+  int on = 1;
+  REQUIRE(ioctl(p.server, FIONBIO, &on) == 0);
+  CHECK((fcntl(p.server, F_GETFL) & O_NONBLOCK));
+  char b[4];
+  errno = 0;
+  CHECK(read(p.server, b, sizeof b) == -1);
+  CHECK(errno == EAGAIN);
+  int off = 0;
+  REQUIRE(ioctl(p.server, FIONBIO, &off) == 0);
+  CHECK_FALSE((fcntl(p.server, F_GETFL) & O_NONBLOCK));
+  // Blocking read now waits for data that comes later.
+  timeval tv{0, 100000};
+  REQUIRE(setsockopt(p.server, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+  int64_t t0 = now_ms();
+  CHECK(read(p.server, b, sizeof b) == -1);
+  CHECK(now_ms() - t0 >= 70);
+}
+
+TEST_CASE("ioctl: FIONREAD reports the exact number of queued bytes") {
+  Pair p = connected_pair();
+  int n = -1;
+  REQUIRE(ioctl(p.server, FIONREAD, &n) == 0);
+  CHECK(n == 0);
+  const int kBytes = 12345;
+  std::vector<uint8_t> out(kBytes);
+  fill_pattern(out.data(), out.size(), 0, 41);
+  REQUIRE(write_all(p.client, out.data(), out.size()) == out.size());
+  // Wait until it has all arrived.
+  int64_t deadline = now_ms() + timeout_ms();
+  while (now_ms() < deadline) {
+    REQUIRE(wait_readable(p.server));
+    REQUIRE(ioctl(p.server, FIONREAD, &n) == 0);
+    if (n >= kBytes) break;
+    usleep(1000);
+  }
+  CHECK(n == kBytes);
+  std::vector<uint8_t> in(kBytes);
+  REQUIRE(read(p.server, in.data(), 1000) == 1000);
+  REQUIRE(ioctl(p.server, FIONREAD, &n) == 0);
+  CHECK(n == kBytes - 1000);
+  // MSG_PEEK does not change it.
+  REQUIRE(recv(p.server, in.data() + 1000, 10, MSG_PEEK) == 10);
+  REQUIRE(ioctl(p.server, FIONREAD, &n) == 0);
+  CHECK(n == kBytes - 1000);
+  REQUIRE(read_exact(p.server, in.data() + 1000, kBytes - 1000) == kBytes - 1000);
+  CHECK(check_pattern(in.data(), in.size(), 0, 41) == in.size());
+  REQUIRE(ioctl(p.server, FIONREAD, &n) == 0);
+  CHECK(n == 0);
+  // TIOCOUTQ (SIOCOUTQ): 0 once everything is acknowledged.
+  deadline = now_ms() + timeout_ms();
+  int outq = -1;
+  while (now_ms() < deadline) {
+    REQUIRE(ioctl(p.client, TIOCOUTQ, &outq) == 0);
+    if (outq == 0) break;
+    usleep(1000);
+  }
+  CHECK(outq == 0);
+}
