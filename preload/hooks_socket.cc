@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include "preload/hook.h"
+#include "socket/process.h"
 
 using rsock::preload::HookScope;
 using rsock::preload::real;
@@ -12,6 +13,7 @@ using rsock::socket::Role;
 namespace rsock::preload {
 
 void track_new(int fd, int domain, Role role, bool nonblocking) {
+  if (!socket::tracking_enabled()) return;  // invalid config: hands off
   socket::FdTable* t = socket::FdTable::get_or_create();
   if (!t) return;  // no memory for the table: the socket stays plain TCP
   socket::SocketRef s(socket::new_socket(domain, role, nonblocking));

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "preload/hook.h"
+#include "socket/process.h"
 
 namespace rsock::preload {
 
@@ -67,5 +68,13 @@ void resolve_libc() {
 // Resolve as early as possible so that lower layers calling sys::libc never
 // see our own hooks (the constant-initialised defaults in util/sys.cc).
 __attribute__((constructor(101))) static void resolve_early() { resolve_libc(); }
+
+// Then the configuration: one clear line on stderr if it is broken, and from
+// then on every socket is the kernel's alone.
+__attribute__((constructor(102))) static void init_early() {
+  ++t_depth;  // whatever the loader calls (open, read, readlink) is ours
+  socket::init_process();
+  --t_depth;
+}
 
 }  // namespace rsock::preload

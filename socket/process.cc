@@ -1,0 +1,41 @@
+#include "socket/process.h"
+
+#include <atomic>
+#include <new>
+
+namespace rsock::socket {
+
+namespace {
+
+// States of the one-time load. kLoading makes concurrent first callers (and
+// a hook re-entered by the loader itself) see "not yet": they leave their
+// socket untracked rather than wait, which is always safe.
+enum : int { kNotLoaded, kLoading, kLoaded };
+std::atomic<int> g_state{kNotLoaded};
+
+// Storage that is never destroyed: hooks run during exit() after static
+// destructors, and must still be able to read the config.
+alignas(config::Config) unsigned char g_storage[sizeof(config::Config)];
+config::Config* g_config = nullptr;
+
+}  // namespace
+
+void init_process() {
+  int expected = kNotLoaded;
+  if (!g_state.compare_exchange_strong(expected, kLoading, std::memory_order_acq_rel)) return;
+  g_config = new (g_storage) config::Config(config::load_for_process());
+  g_state.store(kLoaded, std::memory_order_release);
+}
+
+const config::Config& process_config() {
+  static const config::Config* const kDefaults = new config::Config();
+  if (g_state.load(std::memory_order_acquire) == kLoaded) return *g_config;
+  return *kDefaults;
+}
+
+bool tracking_enabled() {
+  if (g_state.load(std::memory_order_acquire) != kLoaded) init_process();
+  return g_state.load(std::memory_order_acquire) == kLoaded && !g_config->passthrough;
+}
+
+}  // namespace rsock::socket
