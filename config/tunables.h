@@ -16,6 +16,8 @@ struct Tunables {
   uint32_t resolve_timeout_ms = 500;  // rdma_resolve_addr / rdma_resolve_route bound
   uint32_t connect_timeout_ms = 1000; // rdma_connect until ESTABLISHED
   uint32_t keepalive_ms = 500;        // liveness probe period on an idle connection
+  uint32_t send_queue_depth = 128;    // send WRs per QP (data chunks, credits, control)
+  uint32_t recv_slots = 64;           // receive WRs per QP; announced to the peer (4..1024)
   // Upgrade (socket layer) ----------------------------------------------------
   uint32_t upgrade_timeout_ms = 2000; // whole TCP->RDMA rendezvous, then stay on TCP
   uint32_t negative_cache_ttl_s = 60; // how long a peer that refused stays on TCP

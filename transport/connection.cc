@@ -1,0 +1,472 @@
+// Connection setup (rdma_cm state machine), resources, timers and teardown.
+// The data path is in connection_datapath.cc.
+#include "transport/connection.h"
+
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/timerfd.h>
+#include <time.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "transport/clock.h"
+#include "util/log.h"
+#include "util/sys.h"
+
+namespace rsock::transport {
+
+namespace {
+
+// RC ACK timeout exponent: 4.096 us * 2^14 = 67 ms per try, 7 tries. Without it
+// rdma_cm on RoCE uses ~1 s per try, and a dead peer would take 7 s to notice.
+constexpr uint8_t kAckTimeoutExp = 14;
+constexpr uint8_t kRetryCount = 7;
+// Receive WRs are accounted for (credits), so an RNR NAK means a bug: with no
+// RNR retries it surfaces as an error completion instead of a silent stall.
+constexpr uint8_t kRnrRetry = 0;
+
+std::byte* map_bytes(size_t n) {
+  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+}
+
+size_t page_round(size_t n) { return (n + 4095) & ~size_t{4095}; }
+
+Status<void> set_nonblock(int fd) {
+  int fl = sys::libc.fcntl(fd, F_GETFL);
+  if (fl < 0 || sys::libc.fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) return Err(errno);
+  return Ok();
+}
+
+uint32_t round_ring(uint32_t want) {
+  uint32_t lo = 1u << wire::kMinRingLog2, hi = 1u << wire::kMaxRingLog2;
+  want = std::clamp(want, lo, hi);
+  return std::bit_ceil(want);
+}
+
+}  // namespace
+
+Connection::Connection(const config::Tunables& tun) : tun_(tun) {
+  ring_bytes_ = round_ring(tun.ring_bytes);
+  sq_depth_ = std::clamp<uint32_t>(tun.send_queue_depth, 8, 4096);
+  recv_slots_ = std::clamp<uint32_t>(tun.recv_slots, 4, wire::kMaxRecvSlots);
+}
+
+Status<void> Connection::init_fds() {
+  cm_ch_ = rdma_create_event_channel();
+  if (cm_ch_ == nullptr) return Err(errno ? errno : ENODEV);
+  if (auto s = set_nonblock(cm_ch_->fd); !s) return s;
+  epfd_ = sys::libc.epoll_create1(EPOLL_CLOEXEC);
+  if (epfd_ < 0) return Err(errno);
+  timerfd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (timerfd_ < 0) return Err(errno);
+  for (int f : {cm_ch_->fd, timerfd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = f;
+    if (sys::libc.epoll_ctl(epfd_, EPOLL_CTL_ADD, f, &ev) < 0) return Err(errno);
+  }
+  return Ok();
+}
+
+Status<std::unique_ptr<Connection>> Connection::connect(const sockaddr* dst, const sockaddr* src,
+                                                        std::span<const std::byte> payload,
+                                                        const config::Tunables& tun) {
+  if (dst == nullptr || payload.size() > wire::kMaxPayload) return Err(EINVAL);
+  std::unique_ptr<Connection> c(new (std::nothrow) Connection(tun));
+  if (!c) return Err(ENOMEM);
+  if (auto s = c->init_fds(); !s) return Err(s.error());
+  std::memcpy(c->my_payload_, payload.data(), payload.size());
+  c->my_payload_len_ = static_cast<uint8_t>(payload.size());
+  if (rdma_create_id(c->cm_ch_, &c->id_, c.get(), RDMA_PS_TCP) != 0) return Err(errno);
+  c->state_ = State::kResolvingAddr;
+  c->deadline_ns_ = now_ns() + uint64_t{tun.resolve_timeout_ms} * 1000000;
+  if (rdma_resolve_addr(c->id_, const_cast<sockaddr*>(src), const_cast<sockaddr*>(dst),
+                        static_cast<int>(tun.resolve_timeout_ms)) != 0)
+    return Err(errno);
+  c->update_timer();
+  return c;
+}
+
+// PD per connection: the receive ring's rkey is then only valid on this
+// connection's QP, so a peer can write into its own connection's ring and
+// nowhere else (docs/TRANSPORT.md, "Isolation").
+Status<void> Connection::create_resources() {
+  ibv_context* ctx = id_->verbs;
+  if (ctx == nullptr) return Err(ENODEV);
+  pd_ = ibv_alloc_pd(ctx);
+  if (pd_ == nullptr) return Err(errno ? errno : ENOMEM);
+  comp_ch_ = ibv_create_comp_channel(ctx);
+  if (comp_ch_ == nullptr) return Err(errno ? errno : ENOMEM);
+  if (auto s = set_nonblock(comp_ch_->fd); !s) return s;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = comp_ch_->fd;
+  if (sys::libc.epoll_ctl(epfd_, EPOLL_CTL_ADD, comp_ch_->fd, &ev) < 0) return Err(errno);
+  cq_ = ibv_create_cq(ctx, static_cast<int>(sq_depth_ + recv_slots_ + 1), this, comp_ch_, 0);
+  if (cq_ == nullptr) return Err(errno ? errno : ENOMEM);
+
+  rx_map_bytes_ = ring_bytes_;
+  tx_map_bytes_ = page_round(size_t{ring_bytes_} + size_t{sq_depth_} * wire::kRecvBufBytes);
+  rbuf_map_bytes_ = page_round(size_t{recv_slots_} * wire::kRecvBufBytes);
+  rx_ring_ = map_bytes(rx_map_bytes_);
+  tx_mem_ = map_bytes(tx_map_bytes_);
+  rbufs_ = map_bytes(rbuf_map_bytes_);
+  if (!rx_ring_ || !tx_mem_ || !rbufs_) return Err(ENOMEM);
+  rx_mr_ = ibv_reg_mr(pd_, rx_ring_, rx_map_bytes_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  tx_mr_ = ibv_reg_mr(pd_, tx_mem_, tx_map_bytes_, 0);
+  rbuf_mr_ = ibv_reg_mr(pd_, rbufs_, rbuf_map_bytes_, IBV_ACCESS_LOCAL_WRITE);
+  if (!rx_mr_ || !tx_mr_ || !rbuf_mr_) return Err(errno ? errno : ENOMEM);
+
+  ibv_qp_init_attr qa{};
+  qa.send_cq = cq_;
+  qa.recv_cq = cq_;
+  qa.qp_type = IBV_QPT_RC;
+  qa.sq_sig_all = 1;
+  qa.cap.max_send_wr = sq_depth_;
+  qa.cap.max_recv_wr = recv_slots_;
+  qa.cap.max_send_sge = 1;
+  qa.cap.max_recv_sge = 1;
+  qa.cap.max_inline_data = std::max<uint32_t>(tun_.inline_threshold, wire::kMaxControlBytes);
+  if (rdma_create_qp(id_, pd_, &qa) != 0) {
+    // Some devices cap inline data lower: retry without it (copies from the ring).
+    qa.cap.max_inline_data = 0;
+    if (rdma_create_qp(id_, pd_, &qa) != 0) return Err(errno ? errno : ENOMEM);
+  }
+  qp_created_ = true;
+  max_inline_ = qa.cap.max_inline_data;
+
+  rx_.init(ring_bytes_, recv_slots_);
+  sring_.init(ring_bytes_);
+  for (uint32_t i = 0; i < recv_slots_; ++i)
+    if (!post_recv(i)) return Err(errno ? errno : ENOMEM);
+  if (ibv_req_notify_cq(cq_, 0) != 0) return Err(errno ? errno : EIO);
+  cq_armed_ = true;
+  uint8_t tmo = kAckTimeoutExp;
+  if (rdma_set_option(id_, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof tmo) != 0)
+    LOG_WARN("transport: cannot set ACK timeout (errno %d); dead peers are noticed late", errno);
+  return Ok();
+}
+
+void Connection::fill_setup(wire::SetupBlock* b, wire::SetupKind kind,
+                            std::span<const std::byte> payload) const {
+  std::memset(b, 0, sizeof *b);
+  b->magic = wire::kMagic;
+  b->version = wire::kWireVersion;
+  b->kind = static_cast<uint8_t>(kind);
+  b->payload_len = static_cast<uint8_t>(payload.size());
+  b->ring_addr = reinterpret_cast<uintptr_t>(rx_ring_);
+  b->ring_rkey = rx_mr_->rkey;
+  b->ring_log2 = static_cast<uint8_t>(std::countr_zero(ring_bytes_));
+  b->recv_slots = static_cast<uint16_t>(recv_slots_);
+  std::memcpy(b->payload, payload.data(), payload.size());
+}
+
+Status<void> Connection::handle_cm_event(const rdma_cm_event& ev) {
+  switch (ev.event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+      if (state_ != State::kResolvingAddr) break;
+      if (rdma_resolve_route(id_, static_cast<int>(tun_.resolve_timeout_ms)) != 0) {
+        fail(errno);
+        break;
+      }
+      state_ = State::kResolvingRoute;
+      deadline_ns_ = now_ns() + uint64_t{tun_.resolve_timeout_ms} * 1000000;
+      break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+      if (state_ != State::kResolvingRoute) break;
+      if (auto s = create_resources(); !s) {
+        fail(s.error());
+        break;
+      }
+      wire::SetupBlock b;
+      fill_setup(&b, wire::SetupKind::kRequest, {my_payload_, my_payload_len_});
+      rdma_conn_param p{};
+      p.private_data = &b;
+      p.private_data_len = static_cast<uint8_t>(wire::kSetupHeaderBytes + my_payload_len_);
+      p.retry_count = kRetryCount;
+      p.rnr_retry_count = kRnrRetry;
+      if (rdma_connect(id_, &p) != 0) {
+        fail(errno);
+        break;
+      }
+      state_ = State::kConnecting;
+      deadline_ns_ = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;
+      break;
+    }
+    case RDMA_CM_EVENT_ESTABLISHED:
+      if (state_ == State::kConnecting) {
+        on_established(ev.param.conn.private_data, ev.param.conn.private_data_len);
+      } else if (state_ == State::kAccepting) {
+        on_established(nullptr, 0);
+      }
+      break;
+    case RDMA_CM_EVENT_REJECTED:
+      reject_reason_ = wire::parse_reject(ev.param.conn.private_data, ev.param.conn.private_data_len);
+      LOG_DEBUG("transport: connect rejected (cm status %d, reason %d)", ev.status,
+                static_cast<int>(reject_reason_));
+      fail(ECONNREFUSED);
+      break;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+      fail(EHOSTUNREACH);
+      break;
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+      fail(ENETUNREACH);
+      break;
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+      fail(state_ == State::kConnecting ? ECONNREFUSED : ECONNRESET);
+      break;
+    case RDMA_CM_EVENT_DISCONNECTED:
+      disconnected_ = true;
+      disconnect_sent_ = true;  // rdma_cm answered the DREQ already
+      // Completions that raced the DREQ (the peer's last data and FIN) are in
+      // the CQ ahead of the flush errors: take them before judging.
+      while (poll_cq()) {
+      }
+      if (state_ == State::kError) break;
+      if (fin_received_ && (fin_sent_ || state_ == State::kClosing)) {
+        state_ = State::kClosed;
+      } else if (fin_received_) {
+        // Peer closed after its FIN: our unsent direction is dead (EPIPE on send).
+        peer_closed_ = true;
+        state_ = State::kClosed;
+      } else {
+        fail(ECONNRESET);
+      }
+      break;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      LOG_WARN("transport: RDMA device removed");
+      fail(ECONNRESET);
+      break;
+    default:  // TIMEWAIT_EXIT, ADDR_CHANGE, ...: nothing to do
+      break;
+  }
+  return Ok();
+}
+
+void Connection::on_established(const void* pdata, size_t len) {
+  if (pdata != nullptr) {  // active side: the accept carries the peer's ring
+    if (wire::parse_setup(pdata, len, wire::SetupKind::kAccept, &peer_) != RejectReason::kNone) {
+      LOG_WARN("transport: bad accept private data from peer");
+      fail(ECONNRESET);
+      return;
+    }
+    tx_.init(peer_.ring_bytes, peer_.recv_slots);
+  }
+  state_ = State::kEstablished;
+  deadline_ns_ = 0;
+  last_tx_ns_ = now_ns();
+  flush_pending();
+}
+
+void Connection::fail(int err) {
+  if (state_ == State::kError) return;
+  if (err == 0) err = ECONNRESET;
+  LOG_DEBUG("transport: connection qp %u failed: errno %d", qp_num(), err);
+  err_ = err;
+  state_ = State::kError;
+  deadline_ns_ = 0;
+  disconnect();
+}
+
+void Connection::disconnect() {
+  if (disconnect_sent_ || id_ == nullptr || !qp_created_) return;
+  disconnect_sent_ = true;
+  rdma_disconnect(id_);  // moves the QP to error, sends DREQ; ignore "not connected"
+}
+
+Status<void> Connection::close() {
+  if (closed()) return Ok();
+  if (state_ < State::kEstablished) {
+    fail(ECONNABORTED);
+    return Ok();
+  }
+  if (auto s = shutdown_write(); !s && s.error() != EPIPE) return s;
+  close_pending_ = true;
+  state_ = State::kClosing;
+  deadline_ns_ = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;
+  flush_pending();
+  return progress();
+}
+
+uint32_t Connection::qp_num() const { return qp_created_ && id_->qp ? id_->qp->qp_num : 0; }
+
+void Connection::drain_fd(int f) {
+  uint64_t buf;
+  while (sys::libc.read(f, &buf, sizeof buf) > 0) {
+  }
+}
+
+Status<void> Connection::progress() {
+  if (timerfd_ >= 0) drain_fd(timerfd_);
+  if (cq_ != nullptr) {
+    // The completion channel: take its events so fd() goes quiet; the CQ is
+    // re-armed below before anyone can sleep on it.
+    ibv_cq* ecq;
+    void* ectx;
+    while (ibv_get_cq_event(comp_ch_, &ecq, &ectx) == 0) {
+      ibv_ack_cq_events(ecq, 1);
+      cq_armed_ = false;
+      ++ctr_.cq_events;
+    }
+    while (poll_cq()) {
+    }
+  }
+  rdma_cm_event* ev;
+  while (cm_ch_ != nullptr && rdma_get_cm_event(cm_ch_, &ev) == 0) {
+    rdma_cm_event copy = *ev;  // private data is only valid until the ack
+    wire::SetupBlock pd{};
+    if (ev->param.conn.private_data != nullptr) {
+      size_t n = std::min<size_t>(ev->param.conn.private_data_len, sizeof pd);
+      std::memcpy(&pd, ev->param.conn.private_data, n);
+      copy.param.conn.private_data = &pd;
+      copy.param.conn.private_data_len = static_cast<uint8_t>(n);
+    }
+    rdma_ack_cm_event(ev);
+    (void)handle_cm_event(copy);
+  }
+  if (cq_ != nullptr) {
+    flush_pending();
+    if (!cq_armed_ && state_ != State::kError) {
+      ibv_req_notify_cq(cq_, 0);
+      cq_armed_ = true;
+      while (poll_cq()) {  // completions that slipped in before the arm
+      }
+      flush_pending();
+    }
+  }
+  check_timers(now_ns());
+  update_timer();
+  if (state_ == State::kError) return Err(err_);
+  return Ok();
+}
+
+void Connection::check_timers(uint64_t now) {
+  if (deadline_ns_ != 0 && now >= deadline_ns_) {
+    if (state_ == State::kClosing) {
+      LOG_DEBUG("transport: close linger expired with %u WRs outstanding", sq_outstanding_);
+      disconnect();
+      state_ = State::kClosed;
+      deadline_ns_ = 0;
+    } else if (state_ < State::kEstablished) {
+      fail(ETIMEDOUT);
+    }
+  }
+  if (state_ == State::kEstablished && tun_.keepalive_ms != 0 &&
+      now - last_tx_ns_ >= uint64_t{tun_.keepalive_ms} * 1000000 && sq_outstanding_ == 0) {
+    post_keepalive();
+  }
+}
+
+void Connection::update_timer() {
+  if (timerfd_ < 0) return;
+  uint64_t next = deadline_ns_;
+  if (state_ == State::kEstablished && tun_.keepalive_ms != 0) {
+    uint64_t ka = last_tx_ns_ + uint64_t{tun_.keepalive_ms} * 1000000;
+    if (next == 0 || ka < next) next = ka;
+  }
+  if (next == timer_armed_ns_) return;
+  itimerspec its{};
+  if (next != 0) {
+    its.it_value.tv_sec = static_cast<time_t>(next / 1000000000);
+    its.it_value.tv_nsec = static_cast<long>(next % 1000000000);
+    if (next <= now_ns()) its.it_value.tv_nsec += 1;  // fire now (0 would disarm)
+  }
+  timerfd_settime(timerfd_, TFD_TIMER_ABSTIME, &its, nullptr);
+  timer_armed_ns_ = next;
+}
+
+bool Connection::wait_done(short events) const {
+  if (state_ == State::kError || state_ == State::kClosed) return true;
+  if ((events & POLLIN) && (rx_.readable() > 0 || fin_received_ || !controls_.empty())) return true;
+  if ((events & POLLOUT) && established() && writable() > 0) return true;
+  return false;
+}
+
+Status<void> Connection::wait(short events, int timeout_ms) {
+  uint64_t start = now_ns();
+  uint64_t spin_end = start + uint64_t{tun_.spin_us} * 1000;
+  uint64_t end = timeout_ms < 0 ? UINT64_MAX : start + uint64_t(timeout_ms) * 1000000;
+  (void)progress();
+  while (!wait_done(events)) {
+    uint64_t now = now_ns();
+    if (now >= end) return Err(ETIMEDOUT);
+    if (now < spin_end && cq_ != nullptr && established()) {
+      if (poll_cq()) flush_pending();
+      continue;
+    }
+    int ms = end == UINT64_MAX ? -1 : static_cast<int>((end - now + 999999) / 1000000);
+    pollfd p{epfd_, POLLIN, 0};
+    if (sys::libc.poll(&p, 1, ms) < 0 && errno != EINTR) return Err(errno);
+    (void)progress();
+  }
+  return Ok();
+}
+
+void Connection::destroy_resources() {
+  if (qp_created_) {
+    rdma_destroy_qp(id_);
+    qp_created_ = false;
+  }
+  if (cq_) {
+    ibv_destroy_cq(cq_);
+    cq_ = nullptr;
+  }
+  for (ibv_mr** mr : {&rx_mr_, &tx_mr_, &rbuf_mr_}) {
+    if (*mr) ibv_dereg_mr(*mr);
+    *mr = nullptr;
+  }
+  if (pd_) {
+    ibv_dealloc_pd(pd_);
+    pd_ = nullptr;
+  }
+  if (comp_ch_) {
+    ibv_destroy_comp_channel(comp_ch_);
+    comp_ch_ = nullptr;
+  }
+  if (id_) {
+    rdma_destroy_id(id_);
+    id_ = nullptr;
+  }
+  if (cm_ch_) {
+    rdma_destroy_event_channel(cm_ch_);
+    cm_ch_ = nullptr;
+  }
+  if (rx_ring_) munmap(rx_ring_, rx_map_bytes_);
+  if (tx_mem_) munmap(tx_mem_, tx_map_bytes_);
+  if (rbufs_) munmap(rbufs_, rbuf_map_bytes_);
+  rx_ring_ = tx_mem_ = rbufs_ = nullptr;
+  for (int* f : {&timerfd_, &epfd_}) {
+    if (*f >= 0) sys::libc.close(*f);
+    *f = -1;
+  }
+}
+
+Connection::~Connection() {
+  if (established() && state_ != State::kClosed) {
+    (void)close();
+    uint64_t end = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;
+    while (!closed() && now_ns() < end) {
+      pollfd p{epfd_, POLLIN, 0};
+      sys::libc.poll(&p, 1, 10);
+      (void)progress();
+    }
+  }
+  disconnect();
+  // Unacknowledged CQ events would make ibv_destroy_cq wait forever.
+  if (comp_ch_) {
+    ibv_cq* ecq;
+    void* ectx;
+    while (ibv_get_cq_event(comp_ch_, &ecq, &ectx) == 0) ibv_ack_cq_events(ecq, 1);
+  }
+  destroy_resources();
+}
+
+}  // namespace rsock::transport

@@ -1,0 +1,378 @@
+// The data path: send/recv copies, WR posting, completion handling, credits.
+// Every peer-supplied value is checked by TxWindow/RxWindow (ring.h) or here
+// before it is used; a bogus one resets the connection.
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "transport/clock.h"
+#include "transport/connection.h"
+#include "util/log.h"
+
+namespace rsock::transport {
+
+namespace {
+constexpr uint64_t kRecvTag = uint64_t{1} << 63;  // wr_id of receive WRs: tag | slot
+constexpr size_t kMaxInlineStack = 256;
+constexpr int kPollBatch = 16;
+constexpr size_t kMaxControlQueue = 256;  // unread app control messages before we call it abuse
+
+// Walks a span of iovecs as one byte sequence.
+struct IovCursor {
+  std::span<const iovec> iov;
+  size_t idx = 0, off = 0;
+  size_t remaining() const {
+    size_t r = 0;
+    for (size_t i = idx; i < iov.size(); ++i) r += iov[i].iov_len;
+    return r - off;
+  }
+  // Copies n bytes between the iovecs and `buf` (to_iov selects direction).
+  void copy(std::byte* buf, size_t n, bool to_iov) {
+    while (n > 0 && idx < iov.size()) {
+      size_t take = std::min(n, iov[idx].iov_len - off);
+      auto* p = static_cast<std::byte*>(iov[idx].iov_base) + off;
+      if (to_iov)
+        std::memcpy(p, buf, take);
+      else
+        std::memcpy(buf, p, take);
+      buf += take;
+      n -= take;
+      off += take;
+      if (off == iov[idx].iov_len) {
+        ++idx;
+        off = 0;
+      }
+    }
+  }
+};
+}  // namespace
+
+bool Connection::post_recv(uint32_t slot) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(rbufs_ + size_t{slot} * wire::kRecvBufBytes),
+              static_cast<uint32_t>(wire::kRecvBufBytes), rbuf_mr_->lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = kRecvTag | slot;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad;
+  return ibv_post_recv(id_->qp, &wr, &bad) == 0;
+}
+
+// CREDIT and CONTROL messages are SEND_WITH_IMM from the per-SQ-slot buffer
+// after the send ring (inline when the device allows, which rxe does).
+static bool post_small_send(ibv_qp* qp, ibv_mr* mr, std::byte* buf, const void* data, size_t len,
+                            uint32_t imm, uint64_t wr_id, bool may_inline) {
+  std::memcpy(buf, data, len);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf), static_cast<uint32_t>(len), mr->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.opcode = IBV_WR_SEND_WITH_IMM;
+  wr.imm_data = htonl(imm);
+  wr.sg_list = len ? &sge : nullptr;
+  wr.num_sge = len ? 1 : 0;
+  wr.send_flags = IBV_SEND_SIGNALED | (may_inline ? IBV_SEND_INLINE : 0);
+  ibv_send_wr* bad;
+  return ibv_post_send(qp, &wr, &bad) == 0;
+}
+
+bool Connection::post_credit() {
+  if (sq_free() < 1 || tx_.free_slots() < 1) return false;
+  wire::CreditBlock cb{rx_.tail_to_advertise(), static_cast<uint32_t>(rx_.slots_to_advertise()), 0};
+  std::byte* buf = tx_mem_ + ring_bytes_ + (sq_seq_ % sq_depth_) * wire::kRecvBufBytes;
+  if (!post_small_send(id_->qp, tx_mr_, buf, &cb, sizeof cb, wire::make_imm(wire::Op::kCredit, 0),
+                       sring_.head(), max_inline_ >= sizeof cb)) {
+    fail(ECONNRESET);
+    return false;
+  }
+  rx_.on_credit_sent(cb.consumed, rx_.slots_to_advertise());
+  tx_.on_message();
+  ++sq_outstanding_;
+  ++sq_seq_;
+  ++ctr_.credits_sent;
+  last_tx_ns_ = now_ns();
+  return true;
+}
+
+// Two peer receive WRs and two SQ slots must remain so that a CREDIT can
+// always follow (docs/TRANSPORT.md, "Credits").
+bool Connection::post_control(wire::ControlType type, const void* data, size_t len) {
+  if (sq_free() < 2 || tx_.free_slots() < 2) return false;
+  std::byte* buf = tx_mem_ + ring_bytes_ + (sq_seq_ % sq_depth_) * wire::kRecvBufBytes;
+  uint32_t imm = wire::make_imm(wire::Op::kControl, wire::control_value(type, uint32_t(len)));
+  if (!post_small_send(id_->qp, tx_mr_, buf, data, len, imm, sring_.head(), max_inline_ >= len)) {
+    fail(ECONNRESET);
+    return false;
+  }
+  tx_.on_message();
+  ++sq_outstanding_;
+  ++sq_seq_;
+  ++ctr_.controls_sent;
+  last_tx_ns_ = now_ns();
+  return true;
+}
+
+// Zero-length RDMA WRITE: needs no receive WR and no rkey check on the peer,
+// but its ACK proves the peer's QP alive; a dead peer yields RETRY_EXC_ERR.
+bool Connection::post_keepalive() {
+  if (sq_free() < 1) return false;
+  ibv_send_wr wr{};
+  wr.wr_id = sring_.head();
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = peer_.ring_addr;
+  wr.wr.rdma.rkey = peer_.ring_rkey;
+  ibv_send_wr* bad;
+  if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
+    fail(ECONNRESET);
+    return false;
+  }
+  ++sq_outstanding_;
+  ++sq_seq_;
+  ++ctr_.keepalives;
+  last_tx_ns_ = now_ns();
+  return true;
+}
+
+void Connection::flush_pending() {
+  if (!established() || state_ == State::kClosed) return;
+  if (rx_.credit_due()) post_credit();
+  if (fin_pending_ && !fin_sent_ && post_control(wire::ControlType::kFin, nullptr, 0))
+    fin_sent_ = true;
+  if (close_pending_ && fin_sent_ && !close_sent_ &&
+      post_control(wire::ControlType::kClose, nullptr, 0))
+    close_sent_ = true;
+  if (state_ == State::kClosing && close_sent_ && sq_outstanding_ == 0) {
+    // Everything we posted is acknowledged by the peer's RNIC: nothing is lost
+    // by moving the QP to error now.
+    disconnect();
+    state_ = State::kClosed;
+    deadline_ns_ = 0;
+  }
+}
+
+bool Connection::handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_t byte_len) {
+  const std::byte* buf = rbufs_ + size_t{slot} * wire::kRecvBufBytes;
+  uint32_t value = wire::imm_value(imm);
+  switch (static_cast<wire::Op>(wire::imm_op(imm))) {
+    case wire::Op::kData:
+      if (!rdma_imm || fin_received_ || !rx_.accept_data(value)) return false;
+      ++ctr_.data_recvs;
+      return true;
+    case wire::Op::kCredit: {
+      if (rdma_imm || byte_len != sizeof(wire::CreditBlock)) return false;
+      wire::CreditBlock cb;
+      std::memcpy(&cb, buf, sizeof cb);
+      if (!tx_.accept_credit(cb.consumed, cb.slots)) return false;
+      ++ctr_.credits_received;
+      return true;
+    }
+    case wire::Op::kControl: {
+      uint32_t type = (value >> 8) & 0xff, len = value & 0xff;
+      if (rdma_imm || value >> 16 || len != byte_len || len > wire::kMaxControlBytes) return false;
+      ++ctr_.controls_received;
+      switch (static_cast<wire::ControlType>(type)) {
+        case wire::ControlType::kFin:
+          if (fin_received_ || len != 0) return false;
+          fin_received_ = true;
+          return true;
+        case wire::ControlType::kClose:
+          if (len != 0) return false;
+          peer_closed_ = true;
+          return true;
+        case wire::ControlType::kApp: {
+          if (len < 1 || controls_.size() >= kMaxControlQueue) return false;
+          ControlMessage m;
+          m.type = static_cast<uint8_t>(buf[0]);
+          m.len = static_cast<uint8_t>(len - 1);
+          m.stream_pos = rx_.head();
+          std::memcpy(m.data, buf + 1, len - 1);
+          controls_.push_back(m);
+          return true;
+        }
+      }
+      return false;
+    }
+  }
+  return false;
+}
+
+bool Connection::poll_cq() {
+  ibv_wc wc[kPollBatch];
+  int n = ibv_poll_cq(cq_, kPollBatch, wc);
+  if (n <= 0) return false;
+  ctr_.completions += uint64_t(n);
+  for (int i = 0; i < n; ++i) {
+    const ibv_wc& w = wc[i];
+    bool is_recv = (w.wr_id & kRecvTag) != 0;
+    if (!is_recv) --sq_outstanding_;
+    if (w.status != IBV_WC_SUCCESS) {
+      // Flushes after a disconnect are expected; anything else (retry
+      // exceeded = dead peer, RNR = accounting bug, protection errors) resets.
+      if (w.status == IBV_WC_WR_FLUSH_ERR && (disconnected_ || disconnect_sent_)) continue;
+      if (state_ != State::kError)
+        LOG_DEBUG("transport: qp %u completion error %s", qp_num(), ibv_wc_status_str(w.status));
+      if (state_ != State::kClosed) fail(ECONNRESET);
+      continue;
+    }
+    if (!is_recv) {
+      sring_.complete(w.wr_id);
+      continue;
+    }
+    auto slot = static_cast<uint32_t>(w.wr_id & ~kRecvTag);
+    if (state_ == State::kError || state_ == State::kClosed) continue;
+    bool ok = (w.wc_flags & IBV_WC_WITH_IMM) &&
+              handle_recv(slot, ntohl(w.imm_data), w.opcode == IBV_WC_RECV_RDMA_WITH_IMM,
+                          w.byte_len);
+    if (!ok) {
+      LOG_WARN("transport: qp %u: invalid message from peer (imm 0x%x), resetting", qp_num(),
+               ntohl(w.imm_data));
+      fail(ECONNRESET);
+      continue;
+    }
+    if (!post_recv(slot)) {
+      fail(ECONNRESET);
+      continue;
+    }
+    rx_.on_repost();
+  }
+  return true;
+}
+
+size_t Connection::readable() const { return rx_.readable(); }
+
+size_t Connection::writable() const {
+  if (!established() || state_ != State::kEstablished || fin_pending_ || peer_closed_) return 0;
+  if (sq_free() < 2 || tx_.free_slots() < 2) return 0;
+  return std::min(tx_.free_bytes(), sring_.free_bytes());
+}
+
+Status<size_t> Connection::send(std::span<const iovec> iov) {
+  if (state_ == State::kError) return Err(err_);
+  if (fin_pending_ || peer_closed_ || state_ == State::kClosing || state_ == State::kClosed)
+    return Err(EPIPE);
+  if (!established()) return Err(EAGAIN);
+  IovCursor cur{iov};
+  size_t left = cur.remaining();
+  if (left == 0) return size_t{0};
+  if (writable() == 0 && poll_cq()) flush_pending();
+  if (state_ == State::kError) return Err(err_);
+
+  const size_t inline_limit = std::min<size_t>({tun_.inline_threshold, max_inline_, kMaxInlineStack});
+  const uint64_t max_chunk = std::max<uint64_t>(tx_.ring_bytes() / 8, 4096);
+  size_t total = 0;
+  while (left > 0) {
+    if (sq_free() < 2 || tx_.free_slots() < 2 || tx_.contiguous() == 0) {
+      ++ctr_.credit_stalls;
+      break;
+    }
+    size_t n = std::min<uint64_t>({left, tx_.contiguous(), max_chunk});
+    alignas(8) std::byte stack[kMaxInlineStack];
+    ibv_sge sge{};
+    ibv_send_wr wr{};
+    if (n <= inline_limit) {
+      cur.copy(stack, n, false);
+      sge = {reinterpret_cast<uintptr_t>(stack), static_cast<uint32_t>(n), 0};
+      wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+      ++ctr_.inline_wrs;
+    } else {
+      n = std::min<uint64_t>(n, sring_.contiguous());
+      if (n == 0) break;  // local ring full: wait for our own completions
+      std::byte* dst = tx_mem_ + sring_.offset();
+      cur.copy(dst, n, false);
+      sring_.produce(n);
+      sge = {reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(n), tx_mr_->lkey};
+      wr.send_flags = IBV_SEND_SIGNALED;
+    }
+    wr.wr_id = sring_.head();
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.imm_data = htonl(wire::make_imm(wire::Op::kData, static_cast<uint32_t>(n)));
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.rdma.remote_addr = peer_.ring_addr + tx_.offset();
+    wr.wr.rdma.rkey = peer_.ring_rkey;
+    ibv_send_wr* bad;
+    if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
+      fail(ECONNRESET);
+      break;
+    }
+    tx_.on_data(n);
+    ++sq_outstanding_;
+    ++sq_seq_;
+    ++ctr_.data_wrs;
+    ctr_.bytes_sent += n;
+    total += n;
+    left -= n;
+  }
+  if (total > 0) {
+    last_tx_ns_ = now_ns();
+    return total;
+  }
+  if (state_ == State::kError) return Err(err_);
+  return Err(EAGAIN);
+}
+
+Status<size_t> Connection::recv(std::span<const iovec> iov, bool peek) {
+  if (rx_.readable() == 0 && cq_ != nullptr && poll_cq()) flush_pending();
+  uint64_t avail = rx_.readable();
+  if (avail == 0) {
+    if (fin_received_) return size_t{0};
+    if (state_ == State::kError) return Err(err_);
+    if (state_ == State::kClosed) return size_t{0};
+    return Err(EAGAIN);
+  }
+  IovCursor cur{iov};
+  size_t n = std::min<uint64_t>(avail, cur.remaining());
+  uint64_t pos = rx_.tail();
+  size_t done = 0;
+  while (done < n) {
+    uint64_t off = rx_.offset(pos + done);
+    size_t take = std::min<uint64_t>(n - done, rx_.ring_bytes() - off);
+    cur.copy(rx_ring_ + off, take, true);
+    done += take;
+  }
+  if (!peek) {
+    rx_.consume(n);
+    ctr_.bytes_received += n;
+    if (rx_.credit_due()) flush_pending();
+  }
+  return n;
+}
+
+Status<void> Connection::shutdown_write() {
+  if (state_ == State::kError) return Err(err_);
+  if (!established()) return Err(ENOTCONN);
+  fin_pending_ = true;
+  flush_pending();
+  return Ok();
+}
+
+Status<void> Connection::send_control(uint8_t type, std::span<const std::byte> data) {
+  if (data.size() > wire::kMaxAppControlBytes) return Err(EMSGSIZE);
+  if (state_ == State::kError) return Err(err_);
+  if (fin_pending_ || peer_closed_ || state_ != State::kEstablished) {
+    return established() ? Err(EPIPE) : Err(EAGAIN);
+  }
+  std::byte buf[wire::kMaxControlBytes];
+  buf[0] = std::byte{type};
+  std::memcpy(buf + 1, data.data(), data.size());
+  if (!post_control(wire::ControlType::kApp, buf, data.size() + 1)) {
+    if (state_ == State::kError) return Err(err_);
+    if (poll_cq()) flush_pending();
+    if (!post_control(wire::ControlType::kApp, buf, data.size() + 1))
+      return state_ == State::kError ? Err(err_) : Err(EAGAIN);
+  }
+  return Ok();
+}
+
+Status<ControlMessage> Connection::recv_control() {
+  if (controls_.empty() && cq_ != nullptr && poll_cq()) flush_pending();
+  if (controls_.empty()) return state_ == State::kError ? Err(err_) : Err(EAGAIN);
+  ControlMessage m = controls_.front();
+  controls_.pop_front();
+  return m;
+}
+
+}  // namespace rsock::transport

@@ -1,0 +1,149 @@
+// Passive side of connection setup: listen, validate requests, accept/reject.
+#include "transport/listener.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+
+#include <cstring>
+
+#include "transport/clock.h"
+#include "util/log.h"
+#include "util/sys.h"
+
+namespace rsock::transport {
+
+namespace {
+void send_reject(rdma_cm_id* id, RejectReason reason) {
+  wire::SetupBlock b{};
+  b.magic = wire::kMagic;
+  b.version = wire::kWireVersion;
+  b.kind = static_cast<uint8_t>(wire::SetupKind::kReject);
+  b.reason = static_cast<uint8_t>(reason);
+  rdma_reject(id, &b, static_cast<uint8_t>(wire::kRejectBytes));
+}
+}  // namespace
+
+IncomingRequest::IncomingRequest(IncomingRequest&& o) noexcept : id_(o.id_), setup_(o.setup_) {
+  o.id_ = nullptr;
+}
+
+IncomingRequest& IncomingRequest::operator=(IncomingRequest&& o) noexcept {
+  if (this != &o) {
+    this->~IncomingRequest();
+    id_ = o.id_;
+    setup_ = o.setup_;
+    o.id_ = nullptr;
+  }
+  return *this;
+}
+
+IncomingRequest::~IncomingRequest() {
+  if (id_ != nullptr) {
+    send_reject(id_, RejectReason::kRefused);
+    rdma_destroy_id(id_);
+    id_ = nullptr;
+  }
+}
+
+const sockaddr* IncomingRequest::peer_addr() const {
+  return id_ ? rdma_get_peer_addr(id_) : nullptr;
+}
+const sockaddr* IncomingRequest::local_addr() const {
+  return id_ ? rdma_get_local_addr(id_) : nullptr;
+}
+
+Status<std::unique_ptr<Listener>> Listener::listen(const sockaddr* addr, const config::Tunables& tun,
+                                                   int backlog) {
+  std::unique_ptr<Listener> l(new (std::nothrow) Listener(tun));
+  if (!l) return Err(ENOMEM);
+  l->ch_ = rdma_create_event_channel();
+  if (l->ch_ == nullptr) return Err(errno ? errno : ENODEV);
+  int fl = sys::libc.fcntl(l->ch_->fd, F_GETFL);
+  if (fl < 0 || sys::libc.fcntl(l->ch_->fd, F_SETFL, fl | O_NONBLOCK) < 0) return Err(errno);
+  if (rdma_create_id(l->ch_, &l->id_, l.get(), RDMA_PS_TCP) != 0) return Err(errno);
+  if (rdma_bind_addr(l->id_, const_cast<sockaddr*>(addr)) != 0) return Err(errno);
+  if (rdma_listen(l->id_, backlog) != 0) return Err(errno);
+  return l;
+}
+
+Listener::~Listener() {
+  if (id_) rdma_destroy_id(id_);
+  if (ch_) rdma_destroy_event_channel(ch_);
+}
+
+int Listener::fd() const { return ch_->fd; }
+
+uint16_t Listener::port() const { return ntohs(rdma_get_src_port(id_)); }
+
+Status<IncomingRequest> Listener::next_request() {
+  rdma_cm_event* ev;
+  while (rdma_get_cm_event(ch_, &ev) == 0) {
+    if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+      // Events of requests not yet migrated to their connection (e.g. the
+      // peer gave up) and of the listening id itself: nothing to do.
+      if (ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL && ev->id == id_)
+        LOG_WARN("transport: RDMA device removed under a listener");
+      rdma_ack_cm_event(ev);
+      continue;
+    }
+    IncomingRequest req;
+    req.id_ = ev->id;
+    RejectReason why = wire::parse_setup(ev->param.conn.private_data,
+                                         ev->param.conn.private_data_len,
+                                         wire::SetupKind::kRequest, &req.setup_);
+    rdma_ack_cm_event(ev);
+    if (why != RejectReason::kNone) {
+      LOG_DEBUG("transport: rejecting connect request: reason %d", static_cast<int>(why));
+      reject(std::move(req), why);
+      continue;
+    }
+    return req;
+  }
+  return Err(errno == EAGAIN || errno == EWOULDBLOCK ? EAGAIN : errno);
+}
+
+void Listener::reject(IncomingRequest req, RejectReason reason) {
+  if (req.id_ == nullptr) return;
+  send_reject(req.id_, reason);
+  rdma_destroy_id(req.id_);
+  req.id_ = nullptr;
+}
+
+Status<std::unique_ptr<Connection>> Listener::accept(IncomingRequest req,
+                                                     std::span<const std::byte> payload) {
+  if (req.id_ == nullptr || payload.size() > wire::kMaxPayload) return Err(EINVAL);
+  std::unique_ptr<Connection> c(new (std::nothrow) Connection(tun_));
+  if (!c) return Err(ENOMEM);
+  Status<void> s = c->init_fds();
+  if (s && rdma_migrate_id(req.id_, c->cm_ch_) != 0) s = Err(errno);
+  if (!s) {
+    reject(std::move(req), RejectReason::kNoResources);
+    return Err(s.error());
+  }
+  // From here the Connection owns the id: it destroys it on any failure.
+  c->id_ = req.id_;
+  req.id_ = nullptr;
+  c->id_->context = c.get();
+  c->peer_ = req.setup_;
+  c->tx_.init(c->peer_.ring_bytes, c->peer_.recv_slots);
+  s = c->create_resources();
+  if (!s) {
+    send_reject(c->id_, RejectReason::kNoResources);
+    return Err(s.error());
+  }
+  wire::SetupBlock b;
+  c->fill_setup(&b, wire::SetupKind::kAccept, payload);
+  rdma_conn_param p{};
+  p.private_data = &b;
+  p.private_data_len = static_cast<uint8_t>(wire::kSetupHeaderBytes + payload.size());
+  p.retry_count = 7;
+  p.rnr_retry_count = 0;
+  if (rdma_accept(c->id_, &p) != 0) return Err(errno);
+  c->state_ = Connection::State::kAccepting;
+  c->deadline_ns_ = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;
+  c->update_timer();
+  return c;
+}
+
+}  // namespace rsock::transport

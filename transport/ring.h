@@ -1,0 +1,135 @@
+// Ring and credit arithmetic of the transport, free of verbs so that it can be
+// unit-tested natively (tests/unit/test_transport_ring.cc). All cursors are
+// absolute 64-bit stream positions; a position's place in a ring is pos mod
+// size (sizes are powers of two). 2^64 bytes never wrap in practice.
+//
+// Every value a peer supplies goes through one of the accept_* functions,
+// which return false for anything impossible: the caller resets the
+// connection, it never indexes memory with an unchecked value.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace rsock::transport {
+
+// The sender's view of the peer's receive ring and receive WRs.
+class TxWindow {
+ public:
+  void init(uint32_t ring_bytes, uint32_t peer_slots) {
+    ring_ = ring_bytes;
+    head_ = consumed_ = 0;
+    peer_slots_ = slots_granted_ = peer_slots;
+    slots_used_ = 0;
+  }
+  uint32_t ring_bytes() const { return ring_; }
+  uint64_t head() const { return head_; }
+  uint64_t consumed() const { return consumed_; }
+  // Bytes we may still write without overwriting unread ones.
+  uint64_t free_bytes() const { return ring_ - (head_ - consumed_); }
+  // Bytes writable in one piece at head (a DATA write never wraps).
+  uint64_t contiguous() const {
+    return std::min<uint64_t>(free_bytes(), ring_ - (head_ & (ring_ - 1)));
+  }
+  uint64_t offset() const { return head_ & (ring_ - 1); }
+  uint32_t free_slots() const { return static_cast<uint32_t>(slots_granted_ - slots_used_); }
+  void on_data(uint64_t n) { head_ += n; ++slots_used_; }
+  void on_message() { ++slots_used_; }  // CREDIT or CONTROL: a receive WR, no bytes
+
+  // A CreditBlock from the peer: `consumed` may not go back nor pass what we
+  // sent; the peer can never have more receive WRs outstanding for us than it
+  // announced at setup.
+  bool accept_credit(uint64_t consumed, uint64_t slots_total) {
+    if (consumed < consumed_ || consumed > head_) return false;
+    if (slots_total < slots_granted_ || slots_total - slots_used_ > peer_slots_) return false;
+    consumed_ = consumed;
+    slots_granted_ = slots_total;
+    return true;
+  }
+
+ private:
+  uint32_t ring_ = 0;
+  uint64_t head_ = 0;       // bytes written into the peer's ring
+  uint64_t consumed_ = 0;   // bytes the peer reported consumed
+  uint32_t peer_slots_ = 0; // receive WRs the peer keeps posted at most
+  uint64_t slots_granted_ = 0;
+  uint64_t slots_used_ = 0;
+};
+
+// The receiver's own ring: [tail, head) holds unread bytes.
+class RxWindow {
+ public:
+  void init(uint32_t ring_bytes, uint32_t slots) {
+    ring_ = ring_bytes;
+    head_ = tail_ = advertised_ = 0;
+    slots_ = slots;
+    slots_posted_ = slots_advertised_ = slots;
+  }
+  uint32_t ring_bytes() const { return ring_; }
+  uint64_t head() const { return head_; }
+  uint64_t tail() const { return tail_; }
+  uint64_t readable() const { return head_ - tail_; }
+  uint64_t offset(uint64_t pos) const { return pos & (ring_ - 1); }
+
+  // DATA of `len` bytes arrived at head: it must fit the credit we gave
+  // (head + len <= advertised + ring) and must not wrap.
+  bool accept_data(uint64_t len) {
+    if (len == 0 || len > ring_) return false;
+    if (head_ + len > advertised_ + ring_) return false;
+    if (offset(head_) + len > ring_) return false;
+    head_ += len;
+    return true;
+  }
+  void consume(uint64_t n) { tail_ += n; }
+  void on_repost() { ++slots_posted_; }
+
+  // Credits are batched: a CREDIT goes out once half the ring has been freed
+  // or half the receive WRs have been reposted since the last one. A sender
+  // blocked on either is thereby always unblocked once we have read everything.
+  bool credit_due() const {
+    return tail_ - advertised_ >= ring_ / 2 || slots_posted_ - slots_advertised_ >= slots_ / 2;
+  }
+  bool credit_pending() const { return tail_ != advertised_ || slots_posted_ != slots_advertised_; }
+  uint64_t tail_to_advertise() const { return tail_; }
+  uint64_t slots_to_advertise() const { return slots_posted_; }
+  void on_credit_sent(uint64_t tail, uint64_t slots) {
+    advertised_ = tail;
+    slots_advertised_ = slots;
+  }
+
+ private:
+  uint32_t ring_ = 0;
+  uint64_t head_ = 0;        // bytes arrived
+  uint64_t tail_ = 0;        // bytes consumed by recv()
+  uint64_t advertised_ = 0;  // tail last sent to the peer
+  uint32_t slots_ = 0;
+  uint64_t slots_posted_ = 0;
+  uint64_t slots_advertised_ = 0;
+};
+
+// The local send (staging) ring: [tail, head) is posted but not yet completed.
+class SendRing {
+ public:
+  void init(uint32_t bytes) { size_ = bytes; head_ = tail_ = 0; }
+  uint64_t head() const { return head_; }
+  uint64_t tail() const { return tail_; }
+  uint64_t free_bytes() const { return size_ - (head_ - tail_); }
+  uint64_t contiguous() const {
+    return std::min<uint64_t>(free_bytes(), size_ - (head_ & (size_ - 1)));
+  }
+  uint64_t offset() const { return head_ & (size_ - 1); }
+  void produce(uint64_t n) { head_ += n; }
+  // A send completion reports the head at post time (its wr_id).
+  bool complete(uint64_t upto) {
+    if (upto < tail_ || upto > head_) return false;
+    tail_ = upto;
+    return true;
+  }
+
+ private:
+  uint32_t size_ = 0;
+  uint64_t head_ = 0;
+  uint64_t tail_ = 0;
+};
+
+}  // namespace rsock::transport

@@ -1,0 +1,164 @@
+// Wire format of the librsock RDMA transport (version 1). docs/wire-format.md
+// has the same description with rationale; keep the two in sync.
+//
+// Connection setup (rdma_cm, RDMA_PS_TCP). The private data of the connect
+// request (rdma_connect) and of the reply (rdma_accept) is one SetupBlock, all
+// integers little-endian:
+//
+//   off size field
+//     0  4   magic        0x4b535231 ("1RSK" in memory order)
+//     4  1   version      kWireVersion (1)
+//     5  1   kind         1 = request, 2 = accept, 3 = reject
+//     6  1   payload_len  0..32 bytes of opaque payload that follow at offset 24
+//     7  1   reason       reject reason (RejectReason), 0 otherwise
+//     8  8   ring_addr    virtual address of the sender's receive ring
+//    16  4   ring_rkey    rkey of that ring (REMOTE_WRITE, nothing else)
+//    20  1   ring_log2    ring size = 1 << ring_log2 (12..28)
+//    21  1   reserved     0
+//    22  2   recv_slots   receive WRs the sender keeps posted for this peer
+//    24  32  payload      opaque, for the socket layer's upgrade handshake
+//
+// 24 + 32 = 56 bytes: exactly the RDMA_PS_TCP limit for a connect request on
+// IB and RoCE (the CM keeps 36 of the REQ's 92 bytes for its IP header), so
+// the ring descriptor always travels in the request and no extra message after
+// ESTABLISHED is needed. Only 24 + payload_len bytes are sent. A reject
+// carries the first 8 bytes (kind = 3, reason set).
+//
+// Data phase. Each side owns a receive ring (one MR, the only memory the peer
+// may write) and a small array of 64-byte receive buffers. Every message that
+// consumes one of the peer's receive WRs carries a 32-bit immediate:
+//
+//   imm = op << 29 | value
+//   op 0 DATA    RDMA_WRITE_WITH_IMM of `value` (1..2^28) bytes, placed at the
+//                receiver's ring offset (stream position mod ring size); never
+//                wraps (the sender splits at the ring end).
+//   op 1 CREDIT  SEND_WITH_IMM, value 0, 16-byte CreditBlock payload:
+//                u64 consumed  (stream bytes the receiver has consumed, absolute)
+//                u32 slots     (receive WRs ever posted for the peer, absolute)
+//                u32 reserved
+//   op 2 CONTROL SEND_WITH_IMM, value = type << 8 | len, payload len bytes
+//                (len <= kMaxControlBytes): type 1 FIN (no more data after the
+//                bytes already sent), 2 CLOSE (sender will read no more),
+//                3 APP (payload[0] = application type, rest its data).
+// A keepalive is a zero-length RDMA_WRITE without immediate: it consumes no
+// receive WR on the peer, the peer's RNIC acknowledges it, and a dead peer
+// makes it fail with a retry-exceeded completion.
+//
+// Ordering: RC delivers WRs in order, so FIN/CLOSE/APP after DATA are seen
+// after the data; the receiver processes receive completions in CQ order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace rsock::transport::wire {
+
+inline constexpr uint32_t kMagic = 0x4b535231;
+inline constexpr uint8_t kWireVersion = 1;
+inline constexpr size_t kMaxPayload = 32;          // opaque setup payload
+inline constexpr size_t kSetupHeaderBytes = 24;    // SetupBlock without payload
+inline constexpr size_t kRejectBytes = 8;          // magic..reason
+inline constexpr uint32_t kMinRingLog2 = 12;       // 4 KiB
+inline constexpr uint32_t kMaxRingLog2 = 28;       // 256 MiB: DATA length must fit 29 bits
+inline constexpr size_t kRecvBufBytes = 64;        // each receive WR's buffer
+inline constexpr size_t kMaxControlBytes = 48;     // CONTROL payload limit
+inline constexpr size_t kMaxAppControlBytes = kMaxControlBytes - 1;
+inline constexpr uint16_t kMaxRecvSlots = 1024;
+
+enum class SetupKind : uint8_t { kRequest = 1, kAccept = 2, kReject = 3 };
+
+// Reason codes a reject carries; the active side reports them (reject_reason()).
+enum class RejectReason : uint8_t {
+  kNone = 0,
+  kBadMagic = 1,     // not a librsock peer
+  kBadVersion = 2,   // librsock with another wire version
+  kBadSetup = 3,     // ring descriptor out of range
+  kNoResources = 4,  // passive side could not allocate the connection
+  kRefused = 5,      // the socket layer refused (reject(req, ...))
+  kTimeout = 6,      // request not accepted in time
+};
+
+struct SetupBlock {
+  uint32_t magic;
+  uint8_t version;
+  uint8_t kind;
+  uint8_t payload_len;
+  uint8_t reason;
+  uint64_t ring_addr;
+  uint32_t ring_rkey;
+  uint8_t ring_log2;
+  uint8_t reserved;
+  uint16_t recv_slots;
+  uint8_t payload[kMaxPayload];
+};
+static_assert(sizeof(SetupBlock) == 56, "RDMA_PS_TCP connect private data limit");
+static_assert(offsetof(SetupBlock, payload) == kSetupHeaderBytes);
+
+enum class Op : uint32_t { kData = 0, kCredit = 1, kControl = 2 };
+enum class ControlType : uint8_t { kFin = 1, kClose = 2, kApp = 3 };
+
+inline constexpr uint32_t kOpShift = 29;
+inline constexpr uint32_t kValueMask = (1u << kOpShift) - 1;
+
+constexpr uint32_t make_imm(Op op, uint32_t value) {
+  return (static_cast<uint32_t>(op) << kOpShift) | (value & kValueMask);
+}
+constexpr uint32_t imm_op(uint32_t imm) { return imm >> kOpShift; }
+constexpr uint32_t imm_value(uint32_t imm) { return imm & kValueMask; }
+constexpr uint32_t control_value(ControlType t, uint32_t len) {
+  return (static_cast<uint32_t>(t) << 8) | len;
+}
+
+struct CreditBlock {
+  uint64_t consumed;
+  uint32_t slots;
+  uint32_t reserved;
+};
+static_assert(sizeof(CreditBlock) == 16);
+
+// Result of parsing a peer's setup block (request or accept).
+struct PeerSetup {
+  uint64_t ring_addr = 0;
+  uint32_t ring_rkey = 0;
+  uint32_t ring_bytes = 0;
+  uint16_t recv_slots = 0;
+  uint8_t payload_len = 0;
+  uint8_t payload[kMaxPayload] = {};
+};
+
+// Validates every field; on failure returns the reason to reject with.
+// `len` is the private data length the CM reported (may include CM padding).
+inline RejectReason parse_setup(const void* data, size_t len, SetupKind expect,
+                                PeerSetup* out) {
+  SetupBlock b{};
+  if (data == nullptr || len < kSetupHeaderBytes) return RejectReason::kBadMagic;
+  std::memcpy(&b, data, len < sizeof b ? len : sizeof b);
+  if (b.magic != kMagic) return RejectReason::kBadMagic;
+  if (b.version != kWireVersion) return RejectReason::kBadVersion;
+  if (b.kind != static_cast<uint8_t>(expect)) return RejectReason::kBadSetup;
+  if (b.payload_len > kMaxPayload || kSetupHeaderBytes + b.payload_len > len)
+    return RejectReason::kBadSetup;
+  if (b.ring_log2 < kMinRingLog2 || b.ring_log2 > kMaxRingLog2) return RejectReason::kBadSetup;
+  if (b.recv_slots < 2 || b.recv_slots > kMaxRecvSlots) return RejectReason::kBadSetup;
+  if (b.ring_addr == 0) return RejectReason::kBadSetup;
+  out->ring_addr = b.ring_addr;
+  out->ring_rkey = b.ring_rkey;
+  out->ring_bytes = 1u << b.ring_log2;
+  out->recv_slots = b.recv_slots;
+  out->payload_len = b.payload_len;
+  std::memcpy(out->payload, b.payload, b.payload_len);
+  return RejectReason::kNone;
+}
+
+// Reads the reason out of a reject's private data; kNone if it is not ours.
+inline RejectReason parse_reject(const void* data, size_t len) {
+  SetupBlock b{};
+  if (data == nullptr || len < kRejectBytes) return RejectReason::kNone;
+  std::memcpy(&b, data, kRejectBytes);
+  if (b.magic != kMagic || b.kind != static_cast<uint8_t>(SetupKind::kReject))
+    return RejectReason::kNone;
+  return static_cast<RejectReason>(b.reason);
+}
+
+}  // namespace rsock::transport::wire
