@@ -51,8 +51,9 @@ static int accept_common(HookScope& h, int fd, int r, int flags) {
 RSOCK_HOOK int socket(int domain, int type, int protocol) noexcept {
   HookScope h;
   int fd = real().socket(domain, type, protocol);
-  if (fd < 0 || rsock::preload::t_depth > 1) return fd;
-  if (rsock::socket::is_tracked_kind(domain, type, protocol))
+  if (fd < 0) return fd;
+  // Sockets librsock's own code opens (depth > 1) are never the application's.
+  if (rsock::preload::t_depth == 1 && rsock::socket::is_tracked_kind(domain, type, protocol))
     track_new(fd, domain, Role::kUnknown, type & SOCK_NONBLOCK);
   else
     rsock::preload::forget(fd);
