@@ -1,0 +1,530 @@
+// Two-process tests of transport/ over Soft-RoCE (run inside tools/rxe-vm).
+//   rsock_transport_vmtest <case>
+// Cases: stream slowreader halfclose many kill_reader_side kill_writer_side noport reject
+// Exit 77 with "SKIP: no RDMA device" when the host has no verbs device.
+#include <rdma/rdma_cma.h>
+
+#include <vector>
+
+#include "harness.h"
+
+using rsock::Ok;
+using rsock::Status;
+using rsock::config::Tunables;
+
+namespace {
+
+Tunables test_tunables() {
+  Tunables t;
+  // TCG makes everything 10-50x slower than hardware: generous setup bounds
+  // (the bounds themselves are tested by noport).
+  t.resolve_timeout_ms = 5000;
+  t.connect_timeout_ms = 10000;
+  t.spin_us = 50;
+  return t;
+}
+
+struct FrameHeader {
+  uint32_t len;
+  uint32_t seq;
+  uint64_t sum;
+};
+
+// ---------------------------------------------------------------- stream
+int stream_case() {
+  Tunables tun = test_tunables();
+  const char* env = getenv("RSOCK_STREAM_MIB");
+  const uint64_t total_target = uint64_t(env ? atoi(env) : 256) << 20;
+  constexpr size_t kMaxFrame = 4u << 20;
+  auto server = [&](rt::Listener& l, pid_t) -> int {
+    auto c = accept_one(l);
+    check_qp_visible(*c);
+    std::vector<char> body(kMaxFrame);
+    uint64_t bytes = 0, frames = 0, t0 = rt::now_ns();
+    for (;;) {
+      FrameHeader h;
+      CHECK(recv_all(*c, &h, sizeof h), "EOF before end frame");
+      if (h.len == 0) {
+        CHECK(h.sum == bytes, "end frame says %llu bytes, got %llu", (unsigned long long)h.sum,
+              (unsigned long long)bytes);
+        break;
+      }
+      CHECK(h.len <= kMaxFrame && h.seq == frames, "bad frame header len %u seq %u", h.len, h.seq);
+      CHECK(recv_all(*c, body.data(), h.len), "EOF inside frame");
+      CHECK(checksum(body.data(), h.len) == h.sum, "checksum mismatch in frame %u", h.seq);
+      bytes += h.len;
+      ++frames;
+    }
+    char x;
+    iovec v{&x, 1};
+    auto r = c->recv({&v, 1}, false);
+    while (!r.ok() && r.error() == EAGAIN) {
+      CHECK(c->wait(POLLIN, 10000).ok(), "wait for EOF");
+      r = c->recv({&v, 1}, false);
+    }
+    CHECK(r.ok() && *r == 0, "expected EOF after end frame");
+    double s = secs_since(t0);
+    const auto& k = c->counters();
+    log_line("stream: %llu frames, %.1f MiB in %.2f s = %.1f MiB/s; data recvs %llu, credits sent %llu",
+             (unsigned long long)frames, bytes / 1048576.0, s, bytes / 1048576.0 / s,
+             (unsigned long long)k.data_recvs, (unsigned long long)k.credits_sent);
+    CHECK(k.data_recvs > 0 && k.bytes_received == bytes + frames * sizeof(FrameHeader) + sizeof(FrameHeader),
+          "counters disagree: %llu bytes received", (unsigned long long)k.bytes_received);
+    return 0;
+  };
+  auto client = [&](uint16_t port) -> int {
+    auto c = connect_to(port, tun);
+    check_qp_visible(*c);
+    std::vector<char> body(kMaxFrame);
+    Rng sizes(42);
+    uint64_t bytes = 0;
+    uint32_t seq = 0;
+    while (bytes < total_target) {
+      size_t len;
+      if (seq == 0) len = kMaxFrame;  // the extremes always appear
+      else if (seq == 1) len = 1;
+      else len = 1 + sizes.next() % (size_t{1} << (sizes.next() % 23));
+      Rng data(seq);
+      fill(data, body.data(), len);
+      FrameHeader h{uint32_t(len), seq, checksum(body.data(), len)};
+      iovec v[2] = {{&h, sizeof h}, {body.data(), len}};
+      size_t left = sizeof h + len, done = 0;
+      while (done < left) {  // two-iovec sends, resumed after partial writes
+        iovec cur[2];
+        size_t n = 0, skip = done;
+        for (auto& e : v) {
+          if (skip >= e.iov_len) { skip -= e.iov_len; continue; }
+          cur[n++] = {static_cast<char*>(e.iov_base) + skip, e.iov_len - skip};
+          skip = 0;
+        }
+        auto r = c->send({cur, n});
+        if (r.ok()) { done += *r; continue; }
+        CHECK(r.error() == EAGAIN, "send: %s", std::strerror(r.error()));
+        CHECK(c->wait(POLLOUT, 10000).ok(), "wait(POLLOUT)");
+      }
+      bytes += len;
+      ++seq;
+    }
+    FrameHeader end{0, seq, bytes};
+    send_all(*c, &end, sizeof end);
+    CHECK(c->shutdown_write().ok(), "shutdown_write");
+    const auto& k = c->counters();
+    log_line("stream client: %u frames, data WRs %llu (inline %llu), credit stalls %llu, max_inline %u",
+             seq, (unsigned long long)k.data_wrs, (unsigned long long)k.inline_wrs,
+             (unsigned long long)k.credit_stalls, c->max_inline());
+    CHECK(k.data_wrs > 0 && k.bytes_sent >= bytes, "no RDMA writes counted");
+    // Wait for the server's EOF check to finish: its close arrives as FIN.
+    char x;
+    CHECK(!recv_all(*c, &x, 1), "unexpected data from server");
+    return 0;
+  };
+  return run_pair(server, client, tun, 560);
+}
+
+// ---------------------------------------------------------------- slowreader
+int slowreader_case() {
+  Tunables tun = test_tunables();
+  tun.ring_bytes = 16 * 1024;
+  constexpr size_t kTotal = 4u << 20;
+  auto server = [&](rt::Listener& l, pid_t) -> int {
+    auto c = accept_one(l);
+    Rng expect(7);
+    std::vector<char> want(4096), got(4096);
+    size_t done = 0;
+    while (done < kTotal) {
+      fill(expect, want.data(), want.size());
+      CHECK(recv_all(*c, got.data(), got.size()), "EOF at %zu", done);
+      CHECK(std::memcmp(want.data(), got.data(), got.size()) == 0, "data differs at %zu", done);
+      done += got.size();
+      usleep(1000);  // slow consumer: the writer must stall on credits
+    }
+    char x;
+    CHECK(!recv_all(*c, &x, 1), "expected EOF");
+    log_line("slowreader: %zu bytes ok, credits sent %llu", done,
+             (unsigned long long)c->counters().credits_sent);
+    CHECK(c->counters().credits_sent > 0, "no credit updates were sent");
+    return 0;
+  };
+  auto client = [&](uint16_t port) -> int {
+    auto c = connect_to(port, tun);
+    Rng gen(7);
+    std::vector<char> buf(4096);
+    std::vector<char> big;
+    for (size_t i = 0; i < kTotal / 4096; ++i) {
+      fill(gen, buf.data(), buf.size());
+      big.insert(big.end(), buf.begin(), buf.end());
+    }
+    uint64_t stalls_before = c->counters().credit_stalls;
+    send_all(*c, big.data(), big.size());
+    CHECK(c->shutdown_write().ok(), "shutdown_write");
+    uint64_t stalls = c->counters().credit_stalls - stalls_before;
+    log_line("slowreader client: credit stalls %llu, data WRs %llu", (unsigned long long)stalls,
+             (unsigned long long)c->counters().data_wrs);
+    CHECK(stalls > 0, "writer never stalled: flow control not exercised");
+    CHECK(c->counters().data_wrs > 0, "no RDMA writes");
+    c.reset();  // orderly close: waits until everything is acknowledged
+    return 0;
+  };
+  return run_pair(server, client, tun, 300);
+}
+
+// ---------------------------------------------------------------- halfclose
+int halfclose_case() {
+  Tunables tun = test_tunables();
+  constexpr size_t kBytes = 1u << 20;
+  auto make = [](uint64_t seed) {
+    std::vector<char> v(kBytes);
+    Rng r(seed);
+    fill(r, v.data(), v.size());
+    return v;
+  };
+  auto drain_to_eof = [](rt::Connection& c, size_t expect, uint64_t seed) {
+    std::vector<char> got(expect);
+    CHECK(recv_all(c, got.data(), expect), "EOF too early");
+    std::vector<char> want(expect);
+    Rng r(seed);
+    fill(r, want.data(), want.size());
+    CHECK(got == want, "data mismatch");
+    char x;
+    CHECK(!recv_all(c, &x, 1), "expected EOF");
+    iovec v{&x, 1};
+    auto again = c.recv({&v, 1}, false);  // EOF stays EOF
+    CHECK(again.ok() && *again == 0, "EOF not sticky");
+    CHECK(c.eof(), "eof() false after EOF");
+  };
+  auto server = [&](rt::Listener& l, pid_t) -> int {
+    auto c = accept_one(l);
+    drain_to_eof(*c, kBytes, 1);  // client -> server, then client's FIN
+    // Our direction is still open after the peer's half-close.
+    auto data = make(2);
+    send_all(*c, data.data(), data.size());
+    CHECK(c->shutdown_write().ok(), "shutdown_write");
+    char x = 0;
+    iovec v{&x, 1};
+    auto r = c->send({&v, 1});
+    CHECK(!r.ok() && r.error() == EPIPE, "send after shutdown_write should be EPIPE");
+    CHECK(c->counters().data_wrs > 0 && c->counters().data_recvs > 0, "no RDMA traffic counted");
+    c->close().ok();
+    uint64_t t0 = rt::now_ns();
+    while (!c->closed() && secs_since(t0) < 10) (void)c->wait(POLLIN, 100);
+    CHECK(c->closed(), "close() did not complete");
+    return 0;
+  };
+  auto client = [&](uint16_t port) -> int {
+    auto c = connect_to(port, tun);
+    auto data = make(1);
+    send_all(*c, data.data(), data.size());
+    CHECK(c->shutdown_write().ok(), "shutdown_write");
+    CHECK(c->shutdown_write().ok(), "second shutdown_write must be harmless");
+    drain_to_eof(*c, kBytes, 2);
+    CHECK(c->counters().data_wrs > 0 && c->counters().data_recvs > 0, "no RDMA traffic counted");
+    return 0;
+  };
+  return run_pair(server, client, tun, 200);
+}
+
+// ---------------------------------------------------------------- many
+int many_case() {
+  Tunables tun = test_tunables();
+  tun.ring_bytes = 16 * 1024;
+  tun.recv_slots = 16;
+  tun.send_queue_depth = 32;
+  tun.connect_timeout_ms = 60000;
+  tun.resolve_timeout_ms = 30000;
+  const char* env = getenv("RSOCK_MANY_CONNS");
+  const int kConns = env ? atoi(env) : 256;
+  constexpr size_t kMsg = 1024;
+  auto server = [&](rt::Listener& l, pid_t) -> int {
+    std::vector<std::unique_ptr<rt::Connection>> conns;
+    std::vector<size_t> echoed;
+    uint64_t t0 = rt::now_ns();
+    int done = 0;
+    bool counted = false;
+    while (done < kConns) {
+      CHECK(secs_since(t0) < 400, "only %d of %d connections served", done, kConns);
+      for (;;) {
+        auto r = l.next_request();
+        if (!r.ok()) break;
+        auto c = l.accept(std::move(r.value()), {});
+        CHECK(c.ok(), "accept #%zu: %s", conns.size(), std::strerror(c.error()));
+        conns.push_back(std::move(c.value()));
+        echoed.push_back(0);
+      }
+      if (!counted && int(conns.size()) == kConns) {
+        bool all = true;
+        for (auto& c : conns) all = all && c->established();
+        if (all) {
+          int n = count_rc_qps(getpid());
+          log_line("many: %d RC QPs of this server in rdma resource show qp", n);
+          CHECK(n >= kConns, "expected >= %d RC QPs, rdma tool shows %d", kConns, n);
+          counted = true;
+        }
+      }
+      bool any = false;
+      for (size_t i = 0; i < conns.size(); ++i) {
+        auto& c = *conns[i];
+        auto p = c.progress();
+        CHECK(p.ok(), "conn %zu: %s", i, std::strerror(p.error()));
+        if (echoed[i] == kMsg) continue;
+        if (c.readable() >= kMsg) {
+          char buf[kMsg];
+          CHECK(recv_all(c, buf, kMsg), "EOF");
+          send_all(c, buf, kMsg);
+          echoed[i] = kMsg;
+          ++done;
+          any = true;
+        }
+      }
+      if (!any) usleep(1000);
+    }
+    // Wait for every client FIN, then close all.
+    for (auto& c : conns) {
+      char x;
+      CHECK(!recv_all(*c, &x, 1), "expected EOF");
+    }
+    CHECK(counted, "RC QPs never counted");
+    return 0;
+  };
+  auto client = [&](uint16_t port) -> int {
+    std::vector<std::unique_ptr<rt::Connection>> conns;
+    sockaddr_in a = server_addr(port);
+    uint64_t t0 = rt::now_ns();
+    for (int i = 0; i < kConns; ++i) {  // all setups in flight at once
+      auto c = rt::Connection::connect(reinterpret_cast<sockaddr*>(&a), nullptr, {}, tun);
+      CHECK(c.ok(), "connect #%d: %s", i, std::strerror(c.error()));
+      conns.push_back(std::move(c.value()));
+    }
+    int est = 0;
+    while (est < kConns) {
+      est = 0;
+      for (auto& c : conns) {
+        auto p = c->progress();
+        CHECK(p.ok(), "setup failed: %s (reject %d)", std::strerror(p.error()), int(c->reject_reason()));
+        est += c->established();
+      }
+      CHECK(secs_since(t0) < 300, "only %d of %d established", est, kConns);
+      usleep(2000);
+    }
+    log_line("many: %d connections established in %.2f s", kConns, secs_since(t0));
+    for (int i = 0; i < kConns; ++i) {
+      char buf[kMsg];
+      std::memset(buf, i & 0xff, kMsg);
+      std::memcpy(buf, &i, sizeof i);
+      send_all(*conns[i], buf, kMsg);
+    }
+    for (int i = 0; i < kConns; ++i) {
+      char buf[kMsg];
+      CHECK(recv_all(*conns[i], buf, kMsg), "EOF on %d", i);
+      int j;
+      std::memcpy(&j, buf, sizeof j);
+      CHECK(j == i && uint8_t(buf[kMsg - 1]) == uint8_t(i & 0xff), "echo mismatch on %d", i);
+      CHECK(conns[i]->counters().data_wrs > 0, "no RDMA writes on %d", i);
+      CHECK(conns[i]->shutdown_write().ok(), "shutdown_write");
+    }
+    log_line("many: %d echoes ok after %.2f s", kConns, secs_since(t0));
+    return 0;
+  };
+  return run_pair(server, client, tun, 500);
+}
+
+// ---------------------------------------------------------------- kill
+// The peer is SIGKILLed mid-stream; the survivor must see ECONNRESET/EPIPE
+// within 2 s. reader_survives: the killed process is the writer.
+int kill_case(bool reader_survives) {
+  Tunables tun = test_tunables();
+  auto server = [&](rt::Listener& l, pid_t client_pid) -> int {
+    auto c = accept_one(l);
+    std::vector<char> buf(64 * 1024, 'x');
+    uint64_t moved = 0, t_kill = 0;
+    for (;;) {
+      if (t_kill == 0 && moved >= (4u << 20)) {
+        CHECK(kill(client_pid, SIGKILL) == 0, "kill");
+        t_kill = rt::now_ns();
+        log_line("kill: peer %d killed after %llu bytes", client_pid, (unsigned long long)moved);
+      }
+      iovec v{buf.data(), buf.size()};
+      auto r = reader_survives ? c->recv({&v, 1}, false) : c->send({&v, 1});
+      if (r.ok() && *r > 0) {
+        moved += *r;
+        continue;
+      }
+      int err = r.ok() ? 0 : r.error();
+      if (err == EAGAIN) {
+        auto w = c->wait(reader_survives ? POLLIN : POLLOUT, 100);
+        (void)w;
+        if (t_kill) CHECK(secs_since(t_kill) < 10, "no error 10 s after the peer died");
+        continue;
+      }
+      CHECK(t_kill != 0, "stream failed before the kill: %s", std::strerror(err));
+      double s = secs_since(t_kill);
+      log_line("kill: error '%s' %.3f s after the kill", err ? std::strerror(err) : "EOF", s);
+      CHECK(err == ECONNRESET || err == EPIPE, "want ECONNRESET/EPIPE, got %d", err);
+      CHECK(s <= 2.0, "error took %.3f s (> 2 s)", s);
+      return 0;
+    }
+  };
+  auto client = [&](uint16_t port) -> int {
+    auto c = connect_to(port, tun);
+    std::vector<char> buf(64 * 1024, 'y');
+    for (;;) {  // until killed
+      iovec v{buf.data(), buf.size()};
+      auto r = reader_survives ? c->send({&v, 1}) : c->recv({&v, 1}, false);
+      if (!r.ok() && r.error() == EAGAIN) {
+        (void)c->wait(reader_survives ? POLLOUT : POLLIN, 100);
+        continue;
+      }
+      if (!r.ok() || *r == 0) return 3;
+    }
+  };
+  return run_pair(server, client, tun, 120, /*client_killed_ok=*/true);
+}
+
+// ---------------------------------------------------------------- noport
+int noport_case() {
+  Tunables tun;  // real default bounds
+  sockaddr_in a = server_addr(1);  // rdma_cm TCP port space: nobody listens on 1
+  uint64_t t0 = rt::now_ns();
+  auto c = rt::Connection::connect(reinterpret_cast<sockaddr*>(&a), nullptr, {}, tun);
+  int err = c.ok() ? 0 : c.error();
+  while (err == 0) {
+    auto p = c.value()->progress();
+    if (!p.ok()) { err = p.error(); break; }
+    CHECK(!c.value()->established(), "connected to a port nobody listens on");
+    CHECK(secs_since(t0) < 10, "no failure after 10 s");
+    pollfd pf{c.value()->fd(), POLLIN, 0};
+    poll(&pf, 1, 100);
+  }
+  double s = secs_since(t0);
+  log_line("noport: %s after %.3f s", std::strerror(err), s);
+  CHECK(err == ECONNREFUSED || err == ETIMEDOUT, "unexpected error %d", err);
+  CHECK(s < 2.0 + tun.resolve_timeout_ms / 1000.0, "failure took %.3f s", s);
+  // Unreachable address: bounded by resolve_timeout_ms + connect_timeout_ms.
+  return 0;
+}
+
+// ---------------------------------------------------------------- reject
+// Bad magic is rejected with a readable reason; the socket layer's reject
+// reaches the peer as ECONNREFUSED + reason; payloads travel both ways.
+int raw_bad_magic_connect(uint16_t port) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id;
+  CHECK(ch && rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) == 0, "raw id");
+  sockaddr_in a = server_addr(port);
+  CHECK(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 5000) == 0, "resolve");
+  rdma_cm_event* ev;
+  auto expect = [&](rdma_cm_event_type t) {
+    CHECK(rdma_get_cm_event(ch, &ev) == 0, "get event");
+    CHECK(ev->event == t, "event %s, want %s", rdma_event_str(ev->event), rdma_event_str(t));
+  };
+  expect(RDMA_CM_EVENT_ADDR_RESOLVED);
+  rdma_ack_cm_event(ev);
+  CHECK(rdma_resolve_route(id, 5000) == 0, "route");
+  expect(RDMA_CM_EVENT_ROUTE_RESOLVED);
+  rdma_ack_cm_event(ev);
+  ibv_pd* pd = ibv_alloc_pd(id->verbs);
+  ibv_cq* cq = ibv_create_cq(id->verbs, 4, nullptr, nullptr, 0);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap = {1, 1, 1, 1, 0};
+  CHECK(pd && cq && rdma_create_qp(id, pd, &qa) == 0, "raw qp");
+  char junk[24];
+  std::memset(junk, 0x5a, sizeof junk);
+  rdma_conn_param p{};
+  p.private_data = junk;
+  p.private_data_len = sizeof junk;
+  p.retry_count = 7;
+  CHECK(rdma_connect(id, &p) == 0, "raw connect");
+  expect(RDMA_CM_EVENT_REJECTED);
+  auto why = rsock::transport::wire::parse_reject(ev->param.conn.private_data,
+                                                  ev->param.conn.private_data_len);
+  rdma_ack_cm_event(ev);
+  CHECK(why == rt::RejectReason::kBadMagic, "reject reason %d, want kBadMagic", int(why));
+  rdma_destroy_qp(id);
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ch);
+  log_line("reject: bad magic refused with reason kBadMagic");
+  return 0;
+}
+
+int reject_case() {
+  Tunables tun = test_tunables();
+  auto bytes = [](const char* s) { return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s), std::strlen(s)); };
+  auto server = [&](rt::Listener& l, pid_t) -> int {
+    int handled = 0;
+    uint64_t t0 = rt::now_ns();
+    std::unique_ptr<rt::Connection> keep;
+    while (handled < 2) {
+      CHECK(secs_since(t0) < 60, "requests missing");
+      auto r = l.next_request();
+      if (!r.ok()) {
+        pollfd p{l.fd(), POLLIN, 0};
+        poll(&p, 1, 100);
+        continue;
+      }
+      std::string pl(reinterpret_cast<const char*>(r->payload().data()), r->payload().size());
+      if (pl == "refuse-me") {
+        l.reject(std::move(r.value()), rt::RejectReason::kRefused);
+      } else {
+        CHECK(pl == "hello", "payload '%s'", pl.c_str());
+        auto c = l.accept(std::move(r.value()), bytes("world!"));
+        CHECK(c.ok(), "accept");
+        keep = std::move(c.value());
+        wait_established(*keep);
+        char x;
+        CHECK(!recv_all(*keep, &x, 1), "expected EOF");
+      }
+      ++handled;
+    }
+    return 0;
+  };
+  auto client = [&](uint16_t port) -> int {
+    raw_bad_magic_connect(port);
+    sockaddr_in a = server_addr(port);
+    auto c = rt::Connection::connect(reinterpret_cast<sockaddr*>(&a), nullptr, bytes("refuse-me"), tun);
+    CHECK(c.ok(), "connect");
+    Status<void> st = Ok();
+    uint64_t t0 = rt::now_ns();
+    while (st.ok() && secs_since(t0) < 20) {
+      pollfd p{c.value()->fd(), POLLIN, 0};
+      poll(&p, 1, 100);
+      st = c.value()->progress();
+    }
+    CHECK(!st.ok() && st.error() == ECONNREFUSED, "want ECONNREFUSED, got %d", st.error());
+    CHECK(c.value()->reject_reason() == rt::RejectReason::kRefused, "reason %d",
+          int(c.value()->reject_reason()));
+    log_line("reject: refused by the application with reason kRefused");
+    auto ok = connect_to(port, tun, bytes("hello"));
+    std::string pl(reinterpret_cast<const char*>(ok->peer_payload().data()), ok->peer_payload().size());
+    CHECK(pl == "world!", "accept payload '%s'", pl.c_str());
+    CHECK(ok->shutdown_write().ok(), "shutdown");
+    return 0;
+  };
+  return run_pair(server, client, tun, 120);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IONBF, 0);
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|kill_reader_side|kill_writer_side|noport|reject\n", argv[0]);
+    return 2;
+  }
+  skip_without_device();
+  std::string c = argv[1];
+  uint64_t t0 = rt::now_ns();
+  int rc = 2;
+  if (c == "stream") rc = stream_case();
+  else if (c == "slowreader") rc = slowreader_case();
+  else if (c == "halfclose") rc = halfclose_case();
+  else if (c == "many") rc = many_case();
+  else if (c == "kill_reader_side") rc = kill_case(true);
+  else if (c == "kill_writer_side") rc = kill_case(false);
+  else if (c == "noport") rc = noport_case();
+  else if (c == "reject") rc = reject_case();
+  std::printf("%s: %s in %.1f s\n", c.c_str(), rc == 0 ? "PASS" : "FAIL", secs_since(t0));
+  return rc;
+}
