@@ -7,6 +7,7 @@
 #include <cstdarg>
 
 #include "preload/hook.h"
+#include "util/stats.h"
 
 using rsock::preload::HookScope;
 using rsock::preload::real;
@@ -112,5 +113,6 @@ RSOCK_HOOK pid_t fork(void) noexcept {
   rsock::socket::before_fork();
   pid_t pid = real().fork();
   rsock::socket::after_fork();
+  if (pid == 0) rsock::stats::after_fork_child();  // the child publishes its own file
   return h.pass(pid);
 }

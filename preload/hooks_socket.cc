@@ -4,6 +4,7 @@
 
 #include "preload/hook.h"
 #include "socket/process.h"
+#include "util/stats.h"
 
 using rsock::preload::HookScope;
 using rsock::preload::real;
@@ -41,8 +42,12 @@ static int accept_common(HookScope& h, int fd, int r, int flags) {
   if (r < 0) return r;
   socket::SocketRef l = h.tracked(fd);
   if (!l && t_depth == 1) l = adopt_listener(fd);
-  if (l) track_new(r, l->domain(), Role::kAccepted, flags & SOCK_NONBLOCK);
-  else forget(r);
+  if (l) {
+    track_new(r, l->domain(), Role::kAccepted, flags & SOCK_NONBLOCK);
+    if (auto s = socket::lookup(r)) s->open_stats(r, stats::Direction::kServer, nullptr, true);
+  } else {
+    forget(r);
+  }
   return h.pass(r);
 }
 
@@ -91,8 +96,13 @@ RSOCK_HOOK int accept4(int fd, struct sockaddr* addr, socklen_t* len, int flags)
 
 RSOCK_HOOK int connect(int fd, const struct sockaddr* addr, socklen_t len) noexcept {
   HookScope h;
-  if (auto s = h.tracked(fd)) s->set_role(Role::kClient);
-  return h.pass(real().connect(fd, addr, len));
+  auto s = h.tracked(fd);
+  int r = real().connect(fd, addr, len);
+  if (s && (r == 0 || errno == EINPROGRESS)) {
+    s->set_role(Role::kClient);
+    s->open_stats(fd, rsock::stats::Direction::kClient, addr, r == 0);
+  }
+  return h.pass(r);
 }
 
 RSOCK_HOOK int shutdown(int fd, int how) noexcept {

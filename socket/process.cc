@@ -1,7 +1,11 @@
 #include "socket/process.h"
 
+#include <errno.h>  // program_invocation_short_name
+
 #include <atomic>
 #include <new>
+
+#include "util/stats.h"
 
 namespace rsock::socket {
 
@@ -24,6 +28,10 @@ void init_process() {
   int expected = kNotLoaded;
   if (!g_state.compare_exchange_strong(expected, kLoading, std::memory_order_acq_rel)) return;
   g_config = new (g_storage) config::Config(config::load_for_process());
+  if (!g_config->passthrough && g_config->tunables.stats) {
+    // Failure only means rsock-stat cannot see us; the library works the same.
+    (void)stats::init({.enabled = true, .exe = program_invocation_short_name});
+  }
   g_state.store(kLoaded, std::memory_order_release);
 }
 

@@ -5,8 +5,11 @@
 
 #include <atomic>
 #include <new>
+#include <utility>
 
 #include "socket/fd_table.h"
+#include "util/stats.h"
+#include "util/sys.h"
 
 namespace rsock::socket {
 
@@ -20,10 +23,9 @@ void Socket::init(int domain, Role role, bool nonblocking) {
   domain_ = domain;
   role_.store(role, std::memory_order_relaxed);
   nonblocking_.store(nonblocking, std::memory_order_relaxed);
-  io_.tcp_rx_bytes.store(0, std::memory_order_relaxed);
-  io_.tcp_tx_bytes.store(0, std::memory_order_relaxed);
-  io_.tcp_rx_ops.store(0, std::memory_order_relaxed);
-  io_.tcp_tx_ops.store(0, std::memory_order_relaxed);
+  established_.store(false, std::memory_order_relaxed);
+  fd_ = -1;
+  slot_ = nullptr;
   // Publishing the count last: a stale reader's try_ref() can only succeed
   // once the object is fully initialised.
   refs_.store(1, std::memory_order_release);
@@ -84,8 +86,32 @@ class SocketPool {
 
 static constinit SocketPool g_pool;
 
+void Socket::open_stats(int fd, stats::Direction dir, const sockaddr* peer, bool established) {
+  fd_ = fd;
+  if (slot_) return;  // connect() called again on the same socket
+  slot_ = stats::open_conn(fd, dir, nullptr, peer);
+  if (established) mark_established();
+  else stats::set_state(slot_, stats::ConnState::kConnecting);
+}
+
+// Both addresses are known once the connection exists; until RDMA upgrades
+// exist (issue 4) an established socket is carried by TCP.
+void Socket::mark_established() {
+  if (established_.exchange(true, std::memory_order_relaxed) || !slot_) return;
+  sockaddr_storage local{}, peer{};
+  socklen_t llen = sizeof local, plen = sizeof peer;
+  bool ok = sys::libc.getsockname(fd_, reinterpret_cast<sockaddr*>(&local), &llen) == 0 &&
+            sys::libc.getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &plen) == 0;
+  if (ok) stats::set_addresses(slot_, reinterpret_cast<sockaddr*>(&local),
+                               reinterpret_cast<sockaddr*>(&peer));
+  stats::set_state(slot_, stats::ConnState::kEstablished);
+}
+
 void Socket::unref() {
-  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) g_pool.push(this);
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // Last fd closed: the connection is gone.
+  if (slot_) stats::close_conn(std::exchange(slot_, nullptr));
+  g_pool.push(this);
 }
 
 Socket* new_socket(int domain, Role role, bool nonblocking) {

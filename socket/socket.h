@@ -8,9 +8,12 @@
 // memory itself is type-stable).
 #pragma once
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <cstdint>
-#include <sys/socket.h>
+
+#include "util/stats_layout.h"
 
 namespace rsock::socket {
 
@@ -19,13 +22,6 @@ enum class Role : uint8_t {
   kListener,   // listen() succeeded
   kClient,     // connect() issued
   kAccepted,   // returned by accept()/accept4()
-};
-
-// Byte and call counters of one socket, by path. Relaxed atomics: a socket
-// may be used by several threads at once, readers only want totals.
-struct IoCounters {
-  std::atomic<uint64_t> tcp_rx_bytes{0}, tcp_tx_bytes{0};
-  std::atomic<uint64_t> tcp_rx_ops{0}, tcp_tx_ops{0};
 };
 
 class Socket {
@@ -39,18 +35,25 @@ class Socket {
   bool nonblocking() const { return nonblocking_.load(std::memory_order_relaxed); }
   void set_nonblocking(bool on) { nonblocking_.store(on, std::memory_order_relaxed); }
 
-  // Accounting for bytes that went through the kernel socket.
+  // Accounting for bytes that went through the kernel socket, into the
+  // socket's rsock-stat slot (none when stats are off or for listeners).
+  // A successful transfer also proves a pending connect() has completed.
   void on_tcp_rx(int64_t n) {
-    if (n <= 0) return;
-    io_.tcp_rx_bytes.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-    io_.tcp_rx_ops.fetch_add(1, std::memory_order_relaxed);
+    if (n <= 0 || !slot_) return;
+    if (!established_.load(std::memory_order_relaxed)) [[unlikely]] mark_established();
+    slot_->add_rx(stats::Transport::kTcp, static_cast<uint64_t>(n));
   }
   void on_tcp_tx(int64_t n) {
-    if (n <= 0) return;
-    io_.tcp_tx_bytes.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-    io_.tcp_tx_ops.fetch_add(1, std::memory_order_relaxed);
+    if (n <= 0 || !slot_) return;
+    if (!established_.load(std::memory_order_relaxed)) [[unlikely]] mark_established();
+    slot_->add_tx(stats::Transport::kTcp, static_cast<uint64_t>(n));
   }
-  const IoCounters& io() const { return io_; }
+
+  // rsock-stat bookkeeping (socket/socket.cc). open_stats: a connection
+  // exists at fd (accepted, or connect() issued); `peer` may be null.
+  void open_stats(int fd, stats::Direction dir, const sockaddr* peer, bool established);
+  void mark_established();
+  stats::ConnSlot* slot() const { return slot_; }
 
   // Reference counting (see fd_table.h). try_ref fails once the count is 0:
   // the object is then free or being recycled and must not be used.
@@ -64,7 +67,9 @@ class Socket {
   int domain_ = 0;
   std::atomic<Role> role_{Role::kUnknown};
   std::atomic<bool> nonblocking_{false};
-  IoCounters io_;
+  std::atomic<bool> established_{false};
+  int fd_ = -1;                       // first fd, for addresses and rsock-stat
+  stats::ConnSlot* slot_ = nullptr;   // owned: closed with the last reference
   Socket* next_free_ = nullptr;  // pool free list link
 };
 
