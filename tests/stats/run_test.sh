@@ -1,0 +1,124 @@
+#!/bin/bash
+# stats.rsock_stat: a live stats writer (stats_fake_app) checked through
+# rsock-stat: per-process JSON, list/netstat views, watch mode, fork child,
+# growth into an extension file, stale cleanup, corrupt/wrong-version segments.
+# usage: run_test.sh RSOCK_STAT STATS_FAKE_APP
+set -u
+STAT=$1
+APP=$2
+ROOT=$(mktemp -d /dev/shm/rsock-stats-test.XXXXXX 2>/dev/null || mktemp -d)
+export RSOCK_STATS_DIR=$ROOT
+UDIR=$ROOT/$(id -u)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  rm -rf "$ROOT"
+}
+trap cleanup EXIT
+fails=0
+passes=0
+ok() { passes=$((passes + 1)); echo "ok: $1"; }
+bad() { fails=$((fails + 1)); echo "FAIL: $1"; }
+expect() {  # expect NAME HAYSTACK NEEDLE
+  if [[ "$2" == *"$3"* ]]; then ok "$1"; else bad "$1: missing [$3] in:"; echo "$2" | head -c 3000; echo; fi
+}
+wait_file() {
+  for _ in $(seq 1 100); do [[ -s $1 ]] && return 0; sleep 0.05; done
+  return 1
+}
+
+# --- a live writer: 10 connections, 4 initial slots -> must grow to 2 files, fork a child
+"$APP" 10 4 "$ROOT/ready" fork &
+PIDS+=($!)
+wait_file "$ROOT/ready" || { echo "FAIL: fake app did not start"; exit 1; }
+wait_file "$ROOT/ready.child" || { echo "FAIL: fake app child did not start"; exit 1; }
+PID=$(cat "$ROOT/ready")
+CHILD=$(cat "$ROOT/ready.child")
+PIDS+=("$CHILD")
+
+[[ $(stat -c %a "$UDIR") == 700 ]] && ok "uid dir is 0700" || bad "uid dir mode $(stat -c %a "$UDIR")"
+[[ $(stat -c %a "$UDIR/$PID") == 600 ]] && ok "segment is 0600" || bad "segment mode $(stat -c %a "$UDIR/$PID")"
+[[ -f $UDIR/$PID.1 ]] && ok "grew into extension file $PID.1" || bad "no extension file"
+
+J=$("$STAT" -p "$PID" --json)
+rc=$?
+[[ $rc == 0 ]] && ok "-p --json exit 0" || bad "-p --json exit $rc"
+if command -v python3 >/dev/null; then
+  echo "$J" | python3 -m json.tool >/dev/null && ok "-p output is valid JSON" || bad "-p output is not JSON"
+fi
+expect "process counts" "$J" '"exe":"stats_fake_app"'
+expect "open conns" "$J" '"conns_open":10,"conns_rdma":5,"conns_tcp":5,"conns_seen":11,"conns_upgraded":5,"conns_untracked":0'
+expect "fallback reason" "$J" '"peer_not_rsock":5'
+expect "rdma totals" "$J" '"rdma":{"tx_bytes":25000,"rx_bytes":12500,"tx_ops":25,"rx_ops":25}'
+expect "tcp totals incl. closed conn" "$J" '"tcp":{"tx_bytes":30007,"rx_bytes":15000,"tx_ops":31,"rx_ops":30}'
+expect "segment grew" "$J" '"segment_files":2,"segment_slots":12'
+expect "rdma conn" "$J" '{"fd":108,"direction":"client","local":"127.0.0.1:40008","peer":"10.0.0.9:6379","state":"established","transport":"rdma","fallback_reason":"none","qp_num":1008,"tx_bytes":9000,"rx_bytes":4500'
+expect "tcp conn" "$J" '{"fd":109,"direction":"client","local":"127.0.0.1:40009","peer":"10.0.0.10:6379","state":"established","transport":"tcp","fallback_reason":"peer_not_rsock","qp_num":0,"tx_bytes":10000,"rx_bytes":5000'
+expect "ring fill" "$J" '"send_ring_fill":576,"recv_ring_fill":288,"ring_bytes":0,"send_credits":16'
+n=$(echo "$J" | grep -o '"fd":' | wc -l)
+[[ $n == 10 ]] && ok "10 connections in JSON" || bad "$n connections in JSON"
+
+# --- fork child: own file, same connections, zeroed counters
+CJ=$("$STAT" -p "$CHILD" --json)
+expect "child has its own segment" "$CJ" "\"pid\":$CHILD,"
+expect "child inherits connections, counters zeroed" "$CJ" '"conns_open":10,"conns_rdma":5,"conns_tcp":5,"conns_seen":0'
+expect "child traffic zero" "$CJ" '"rdma":{"tx_bytes":0,"rx_bytes":0,"tx_ops":0,"rx_ops":0}'
+J2=$("$STAT" -p "$PID" --json)
+expect "parent unaffected by child" "$J2" '"rdma":{"tx_bytes":25000,'
+
+# --- text views
+T=$("$STAT")
+expect "list shows parent" "$T" "$PID "
+expect "list shows child" "$T" "$CHILD "
+expect "list shows exe" "$T" "stats_fake_app"
+LJ=$("$STAT" --json)
+expect "list json" "$LJ" "{\"pid\":$PID,"
+P=$("$STAT" -p "$PID")
+expect "-p text conn" "$P" "10.0.0.10:6379"
+expect "-p text fallback" "$P" "fallbacks: peer_not_rsock=5"
+N=$("$STAT" -n)
+n=$(echo "$N" | grep -c " $PID/stats_fake_app:")
+[[ $n == 10 ]] && ok "netstat shows 10 conns of $PID" || { bad "netstat shows $n conns of $PID"; echo "$N"; }
+W=$("$STAT" -p "$PID" -i 0.2 -c 3 --json)
+[[ $(echo "$W" | wc -l) == 3 ]] && ok "watch: 3 rounds" || bad "watch: $(echo "$W" | wc -l) rounds"
+expect "watch: rates" "$(echo "$W" | tail -1)" '"tx_bytes_per_s":0.0'
+WT=$("$STAT" -i 0.1 -c 2)
+expect "watch text has rate columns" "$WT" "TX/s"
+
+# --- corrupt and wrong-version segments of a live process: clean errors
+sleep 60 &
+SLEEPER=$!
+PIDS+=($SLEEPER)
+head -c 600 /dev/urandom | tr '\0' 'x' > "$UDIR/$SLEEPER"
+E=$("$STAT" -p "$SLEEPER" 2>&1)
+rc=$?
+[[ $rc == 2 ]] && ok "corrupt: exit 2" || bad "corrupt: exit $rc"
+expect "corrupt: clean message" "$E" "not a librsock stats segment (bad magic)"
+{ printf 'RSOCKST\0'; printf '\x63\x00\x00\x00'; head -c 1000 /dev/zero; } > "$UDIR/$SLEEPER"
+E=$("$STAT" -p "$SLEEPER" 2>&1)
+rc=$?
+[[ $rc == 2 ]] && ok "wrong version: exit 2" || bad "wrong version: exit $rc"
+expect "wrong version: clean message" "$E" "layout version 99, this rsock-stat reads version 1"
+T=$("$STAT" 2>&1)
+rc=$?
+[[ $rc == 0 ]] && ok "list with a bad segment: exit 0" || bad "list with a bad segment: exit $rc"
+expect "list flags the bad segment" "$T" "unreadable: $UDIR/$SLEEPER: layout version 99"
+expect "list still shows the good one" "$T" "stats_fake_app"
+LJ=$("$STAT" --json)
+expect "list json carries the error" "$LJ" "\"errors\":[{\"pid\":$SLEEPER,"
+kill -KILL $SLEEPER; wait $SLEEPER 2>/dev/null
+
+# --- stale files: a dead pid's segment is removed (unless --no-clean)
+"$STAT" --no-clean >/dev/null
+[[ -f $UDIR/$SLEEPER ]] && ok "--no-clean keeps stale file" || bad "--no-clean removed the file"
+"$STAT" >/dev/null
+[[ ! -e $UDIR/$SLEEPER ]] && ok "stale file of dead pid removed" || bad "stale file still there"
+kill -KILL "$PID"; wait "$PID" 2>/dev/null
+[[ -f $UDIR/$PID ]] && ok "SIGKILLed writer left its file" || bad "file vanished on SIGKILL?"
+"$STAT" >/dev/null
+[[ ! -e $UDIR/$PID && ! -e $UDIR/$PID.1 ]] && ok "killed writer's files cleaned" || bad "killed writer's files remain"
+E=$("$STAT" -p "$PID" 2>&1)
+expect "-p of a dead process" "$E" "no librsock stats for pid $PID"
+
+echo "$passes passed, $fails failed"
+[[ $fails == 0 ]]

@@ -1,0 +1,348 @@
+#include "tools/rsock-stat/view.h"
+
+#include <pwd.h>
+#include <time.h>
+
+#include <cstdarg>
+#include <cstdio>
+
+namespace rsock_stat {
+
+namespace {
+
+using rsock::stats::ConnState;
+using rsock::stats::Direction;
+using rsock::stats::FallbackReason;
+using rsock::stats::kFallbackReasons;
+using rsock::stats::Transport;
+using rsock::stats::TrafficTotals;
+
+constexpr int kTcp = static_cast<int>(Transport::kTcp);
+constexpr int kRdma = static_cast<int>(Transport::kRdma);
+
+uint64_t tx(const TrafficTotals& t) { return t.tx_bytes[0] + t.tx_bytes[1]; }
+uint64_t rx(const TrafficTotals& t) { return t.rx_bytes[0] + t.rx_bytes[1]; }
+
+std::string user_name(uint32_t uid) {
+  passwd* pw = getpwuid(uid);
+  return pw != nullptr ? pw->pw_name : std::to_string(uid);
+}
+
+std::string uptime(uint64_t start_unix_ms, uint64_t now_ms) {
+  uint64_t s = now_ms > start_unix_ms ? (now_ms - start_unix_ms) / 1000 : 0;
+  char buf[32];
+  if (s >= 86400) snprintf(buf, sizeof buf, "%llud%02lluh", (unsigned long long)(s / 86400), (unsigned long long)(s % 86400 / 3600));
+  else if (s >= 3600) snprintf(buf, sizeof buf, "%lluh%02llum", (unsigned long long)(s / 3600), (unsigned long long)(s % 3600 / 60));
+  else snprintf(buf, sizeof buf, "%llum%02llus", (unsigned long long)(s / 60), (unsigned long long)(s % 60));
+  return buf;
+}
+
+const char* transport_of(const ConnSnapshot& c) {
+  return rsock::stats::transport_name(static_cast<Transport>(c.info.transport));
+}
+const char* state_of(const ConnSnapshot& c) {
+  return rsock::stats::state_name(static_cast<ConnState>(c.info.state));
+}
+const char* reason_of(const ConnSnapshot& c) {
+  return rsock::stats::fallback_reason_name(static_cast<FallbackReason>(c.info.fallback_reason));
+}
+const char* dir_of(const ConnSnapshot& c) {
+  return rsock::stats::direction_name(static_cast<Direction>(c.info.direction));
+}
+std::string local_of(const ConnSnapshot& c) {
+  return rsock::stats::format_endpoint(c.info.family, c.info.local_addr, c.info.local_port);
+}
+std::string peer_of(const ConnSnapshot& c) {
+  return rsock::stats::format_endpoint(c.info.family, c.info.peer_addr, c.info.peer_port);
+}
+
+std::tuple<int, uint32_t, uint32_t, uint32_t> conn_key(int pid, const ConnSnapshot& c) {
+  return {pid, c.file_index, c.slot_index, c.info.generation};
+}
+
+// --- tiny JSON writer ---------------------------------------------------------
+
+std::string jstr(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += static_cast<char>(ch);
+    } else if (ch < 0x20 || ch >= 0x7f) {
+      char buf[8];
+      snprintf(buf, sizeof buf, "\\u%04x", ch);
+      out += buf;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out + "\"";
+}
+
+std::string jnum(uint64_t v) { return std::to_string(v); }
+std::string jdbl(double v) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+std::string json_traffic(const TrafficTotals& t, int i) {
+  return "{\"tx_bytes\":" + jnum(t.tx_bytes[i]) + ",\"rx_bytes\":" + jnum(t.rx_bytes[i]) +
+         ",\"tx_ops\":" + jnum(t.tx_ops[i]) + ",\"rx_ops\":" + jnum(t.rx_ops[i]) + "}";
+}
+
+std::string json_conn(const ProcessSnapshot& p, const ConnSnapshot& c, const Rates& rates, bool with_pid) {
+  std::string o = "{";
+  if (with_pid) o += "\"pid\":" + std::to_string(p.pid) + ",\"exe\":" + jstr(p.exe) + ",";
+  o += "\"fd\":" + std::to_string(c.info.fd) + ",\"direction\":" + jstr(dir_of(c)) +
+       ",\"local\":" + jstr(local_of(c)) + ",\"peer\":" + jstr(peer_of(c)) +
+       ",\"state\":" + jstr(state_of(c)) + ",\"transport\":" + jstr(transport_of(c)) +
+       ",\"fallback_reason\":" + jstr(reason_of(c)) + ",\"qp_num\":" + jnum(c.info.qp_num) +
+       ",\"tx_bytes\":" + jnum(tx(c.traffic)) + ",\"rx_bytes\":" + jnum(rx(c.traffic)) +
+       ",\"rdma\":" + json_traffic(c.traffic, kRdma) + ",\"tcp\":" + json_traffic(c.traffic, kTcp) +
+       ",\"credit_stalls\":" + jnum(c.traffic.credit_stalls) +
+       ",\"send_ring_fill\":" + jnum(c.send_ring_fill) + ",\"recv_ring_fill\":" + jnum(c.recv_ring_fill) +
+       ",\"ring_bytes\":" + jnum(c.ring_bytes) + ",\"send_credits\":" + jnum(c.send_credits) +
+       ",\"opened_unix_ms\":" + jnum(c.info.opened_unix_ms) + ",\"torn\":" + (c.torn ? "true" : "false");
+  if (rates.seconds > 0) {
+    auto it = rates.conn.find(conn_key(p.pid, c));
+    if (it != rates.conn.end())
+      o += ",\"tx_bytes_per_s\":" + jdbl(it->second.first) + ",\"rx_bytes_per_s\":" + jdbl(it->second.second);
+  }
+  return o + "}";
+}
+
+std::string json_process(const ProcessSnapshot& p, const Rates& rates, bool with_conns) {
+  uint64_t on_rdma = 0;
+  for (const auto& c : p.conns) on_rdma += c.info.transport == kRdma;
+  std::string o = "{\"pid\":" + std::to_string(p.pid) + ",\"uid\":" + std::to_string(p.uid) +
+                  ",\"exe\":" + jstr(p.exe) + ",\"start_unix_ms\":" + jnum(p.start_unix_ms) +
+                  ",\"conns_open\":" + jnum(p.conns.size()) + ",\"conns_rdma\":" + jnum(on_rdma) +
+                  ",\"conns_tcp\":" + jnum(p.conns.size() - on_rdma) + ",\"conns_seen\":" + jnum(p.conns_seen) +
+                  ",\"conns_upgraded\":" + jnum(p.conns_upgraded) +
+                  ",\"conns_untracked\":" + jnum(p.conns_untracked) +
+                  ",\"handshake_errors\":" + jnum(p.handshake_errors) + ",\"fallbacks\":{";
+  for (int i = 1; i < kFallbackReasons; ++i) {
+    if (i > 1) o += ",";
+    o += jstr(rsock::stats::fallback_reason_name(static_cast<FallbackReason>(i))) + ":" + jnum(p.fallbacks[i]);
+  }
+  o += "},\"rdma\":" + json_traffic(p.total, kRdma) + ",\"tcp\":" + json_traffic(p.total, kTcp) +
+       ",\"tx_bytes\":" + jnum(tx(p.total)) + ",\"rx_bytes\":" + jnum(rx(p.total)) +
+       ",\"credit_stalls\":" + jnum(p.total.credit_stalls) + ",\"segment_files\":" + jnum(p.files) +
+       ",\"segment_slots\":" + jnum(p.slots);
+  if (rates.seconds > 0) {
+    auto it = rates.proc.find({p.pid, p.start_time});
+    if (it != rates.proc.end())
+      o += ",\"tx_bytes_per_s\":" + jdbl(it->second.first) + ",\"rx_bytes_per_s\":" + jdbl(it->second.second);
+  }
+  if (with_conns) {
+    o += ",\"connections\":[";
+    for (size_t i = 0; i < p.conns.size(); ++i) o += (i ? "," : "") + json_conn(p, p.conns[i], rates, false);
+    o += "]";
+  }
+  return o + "}";
+}
+
+std::string json_errors(const Round& r) {
+  std::string o = "[";
+  for (size_t i = 0; i < r.errors.size(); ++i)
+    o += std::string(i ? "," : "") + "{\"pid\":" + std::to_string(r.errors[i].pid) +
+         ",\"error\":" + jstr(r.errors[i].message) + "}";
+  return o + "]";
+}
+
+// --- text ---------------------------------------------------------------------
+
+std::string rate_cell(const Rates& rates, const std::pair<double, double>* v, bool tx_side) {
+  if (rates.seconds <= 0 || v == nullptr) return "-";
+  return human_bytes(tx_side ? v->first : v->second) + "/s";
+}
+
+void append(std::string* out, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+void append(std::string* out, const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  *out += buf;
+}
+
+std::string text_list(const Round& r, const Rates& rates) {
+  std::string o;
+  append(&o, "%-8s %-10s %-18s %9s %6s %5s %5s %8s %9s %9s %9s %9s %9s", "PID", "USER", "EXE", "UPTIME",
+         "CONNS", "RDMA", "TCP", "FALLBACK", "RDMA_TX", "RDMA_RX", "TCP_TX", "TCP_RX", "UNTRACKED");
+  if (rates.seconds > 0) append(&o, " %10s %10s", "TX/s", "RX/s");
+  o += "\n";
+  for (const auto& p : r.procs) {
+    uint64_t on_rdma = 0, fallbacks = 0;
+    for (const auto& c : p.conns) on_rdma += c.info.transport == kRdma;
+    for (int i = 1; i < kFallbackReasons; ++i) fallbacks += p.fallbacks[i];
+    append(&o, "%-8d %-10.10s %-18.18s %9s %6zu %5llu %5llu %8llu %9s %9s %9s %9s %9llu", p.pid,
+           user_name(p.uid).c_str(), p.exe.c_str(), uptime(p.start_unix_ms, r.unix_ms).c_str(), p.conns.size(),
+           (unsigned long long)on_rdma, (unsigned long long)(p.conns.size() - on_rdma),
+           (unsigned long long)fallbacks, human_bytes(double(p.total.tx_bytes[kRdma])).c_str(),
+           human_bytes(double(p.total.rx_bytes[kRdma])).c_str(), human_bytes(double(p.total.tx_bytes[kTcp])).c_str(),
+           human_bytes(double(p.total.rx_bytes[kTcp])).c_str(), (unsigned long long)p.conns_untracked);
+    if (rates.seconds > 0) {
+      auto it = rates.proc.find({p.pid, p.start_time});
+      const std::pair<double, double>* v = it == rates.proc.end() ? nullptr : &it->second;
+      append(&o, " %10s %10s", rate_cell(rates, v, true).c_str(), rate_cell(rates, v, false).c_str());
+    }
+    o += "\n";
+  }
+  for (const auto& e : r.errors) append(&o, "%-8d unreadable: %s\n", e.pid, e.message.c_str());
+  if (r.procs.empty() && r.errors.empty()) o += "(no process is using librsock)\n";
+  return o;
+}
+
+std::string text_process(const Round& r, const Rates& rates) {
+  std::string o;
+  for (const auto& e : r.errors) append(&o, "rsock-stat: %s\n", e.message.c_str());
+  for (const auto& p : r.procs) {
+    append(&o, "pid %d (%s), user %s, up %s\n", p.pid, p.exe.c_str(), user_name(p.uid).c_str(),
+           uptime(p.start_unix_ms, r.unix_ms).c_str());
+    append(&o, "connections: %llu seen, %zu open, %llu upgraded to rdma, %llu untracked, %llu handshake errors\n",
+           (unsigned long long)p.conns_seen, p.conns.size(), (unsigned long long)p.conns_upgraded,
+           (unsigned long long)p.conns_untracked, (unsigned long long)p.handshake_errors);
+    std::string fb;
+    for (int i = 1; i < kFallbackReasons; ++i)
+      if (p.fallbacks[i] != 0)
+        append(&fb, " %s=%llu", rsock::stats::fallback_reason_name(static_cast<FallbackReason>(i)),
+               (unsigned long long)p.fallbacks[i]);
+    append(&o, "fallbacks:%s\n", fb.empty() ? " none" : fb.c_str());
+    for (int t : {kRdma, kTcp})
+      append(&o, "%-4s tx %s in %llu ops, rx %s in %llu ops\n", t == kRdma ? "rdma" : "tcp",
+             human_bytes(double(p.total.tx_bytes[t])).c_str(), (unsigned long long)p.total.tx_ops[t],
+             human_bytes(double(p.total.rx_bytes[t])).c_str(), (unsigned long long)p.total.rx_ops[t]);
+    append(&o, "credit stalls %llu; segment: %u file(s), %u slots\n\n", (unsigned long long)p.total.credit_stalls,
+           p.files, p.slots);
+    append(&o, "%-5s %-6s %-24s %-24s %-11s %-5s %-14s %9s %9s %8s %8s %11s %5s %8s", "FD", "DIR", "LOCAL",
+           "PEER", "STATE", "VIA", "FALLBACK", "TX", "RX", "TX_OPS", "RX_OPS", "RING_S/R", "CRED", "QPN");
+    if (rates.seconds > 0) append(&o, " %10s %10s", "TX/s", "RX/s");
+    o += "\n";
+    for (const auto& c : p.conns) {
+      std::string ring = human_bytes(c.send_ring_fill) + "/" + human_bytes(c.recv_ring_fill);
+      append(&o, "%-5d %-6s %-24s %-24s %-11s %-5s %-14s %9s %9s %8llu %8llu %11s %5u %8u", c.info.fd,
+             dir_of(c), local_of(c).c_str(), peer_of(c).c_str(), state_of(c), transport_of(c), reason_of(c),
+             human_bytes(double(tx(c.traffic))).c_str(), human_bytes(double(rx(c.traffic))).c_str(),
+             (unsigned long long)(c.traffic.tx_ops[0] + c.traffic.tx_ops[1]),
+             (unsigned long long)(c.traffic.rx_ops[0] + c.traffic.rx_ops[1]), ring.c_str(), c.send_credits,
+             c.info.qp_num);
+      if (rates.seconds > 0) {
+        auto it = rates.conn.find(conn_key(p.pid, c));
+        const std::pair<double, double>* v = it == rates.conn.end() ? nullptr : &it->second;
+        append(&o, " %10s %10s", rate_cell(rates, v, true).c_str(), rate_cell(rates, v, false).c_str());
+      }
+      o += "\n";
+    }
+    if (p.conns.empty()) o += "(no open connections)\n";
+  }
+  return o;
+}
+
+std::string text_netstat(const Round& r, const Rates& rates) {
+  std::string o;
+  append(&o, "%-5s %-24s %-24s %-11s %-6s %-14s %9s %9s %-20s", "VIA", "LOCAL", "PEER", "STATE", "DIR",
+         "FALLBACK", "TX", "RX", "PID/PROGRAM:FD");
+  if (rates.seconds > 0) append(&o, " %10s %10s", "TX/s", "RX/s");
+  o += "\n";
+  for (const auto& p : r.procs) {
+    for (const auto& c : p.conns) {
+      std::string who = std::to_string(p.pid) + "/" + p.exe + ":" + std::to_string(c.info.fd);
+      append(&o, "%-5s %-24s %-24s %-11s %-6s %-14s %9s %9s %-20s", transport_of(c), local_of(c).c_str(),
+             peer_of(c).c_str(), state_of(c), dir_of(c), reason_of(c), human_bytes(double(tx(c.traffic))).c_str(),
+             human_bytes(double(rx(c.traffic))).c_str(), who.c_str());
+      if (rates.seconds > 0) {
+        auto it = rates.conn.find(conn_key(p.pid, c));
+        const std::pair<double, double>* v = it == rates.conn.end() ? nullptr : &it->second;
+        append(&o, " %10s %10s", rate_cell(rates, v, true).c_str(), rate_cell(rates, v, false).c_str());
+      }
+      o += "\n";
+    }
+  }
+  for (const auto& e : r.errors) append(&o, "(pid %d unreadable: %s)\n", e.pid, e.message.c_str());
+  return o;
+}
+
+double rate(uint64_t now, uint64_t before, double secs) {
+  return now >= before ? double(now - before) / secs : 0.0;  // a closing conn may dip
+}
+
+}  // namespace
+
+std::string human_bytes(double v) {
+  const char* units[] = {"", "K", "M", "G", "T", "P"};
+  int u = 0;
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) snprintf(buf, sizeof buf, "%.0f", v);
+  else snprintf(buf, sizeof buf, "%.1f%s", v, units[u]);
+  return buf;
+}
+
+Rates compute_rates(const Round& prev, const Round& cur) {
+  Rates r;
+  if (prev.unix_ms == 0 || cur.unix_ms <= prev.unix_ms) return r;
+  r.seconds = double(cur.unix_ms - prev.unix_ms) / 1000.0;
+  std::map<std::pair<int, uint64_t>, const ProcessSnapshot*> before;
+  std::map<std::tuple<int, uint32_t, uint32_t, uint32_t>, const ConnSnapshot*> before_conn;
+  for (const auto& p : prev.procs) {
+    before[{p.pid, p.start_time}] = &p;
+    for (const auto& c : p.conns) before_conn[conn_key(p.pid, c)] = &c;
+  }
+  for (const auto& p : cur.procs) {
+    auto it = before.find({p.pid, p.start_time});
+    if (it != before.end())
+      r.proc[{p.pid, p.start_time}] = {rate(tx(p.total), tx(it->second->total), r.seconds),
+                                       rate(rx(p.total), rx(it->second->total), r.seconds)};
+    for (const auto& c : p.conns) {
+      auto ci = before_conn.find(conn_key(p.pid, c));
+      if (ci != before_conn.end())
+        r.conn[conn_key(p.pid, c)] = {rate(tx(c.traffic), tx(ci->second->traffic), r.seconds),
+                                      rate(rx(c.traffic), rx(ci->second->traffic), r.seconds)};
+    }
+  }
+  return r;
+}
+
+std::string render_text(View v, const Round& r, const Rates& rates) {
+  switch (v) {
+    case View::kList: return text_list(r, rates);
+    case View::kProcess: return text_process(r, rates);
+    case View::kNetstat: return text_netstat(r, rates);
+  }
+  return "";
+}
+
+std::string render_json(View v, const Round& r, const Rates& rates) {
+  std::string o = "{\"version\":1,\"unix_ms\":" + jnum(r.unix_ms);
+  if (rates.seconds > 0) o += ",\"interval_s\":" + jdbl(rates.seconds);
+  switch (v) {
+    case View::kList:
+      o += ",\"processes\":[";
+      for (size_t i = 0; i < r.procs.size(); ++i) o += (i ? "," : "") + json_process(r.procs[i], rates, false);
+      o += "]";
+      break;
+    case View::kProcess:
+      o += ",\"process\":" + (r.procs.empty() ? std::string("null") : json_process(r.procs[0], rates, true));
+      break;
+    case View::kNetstat: {
+      o += ",\"connections\":[";
+      bool first = true;
+      for (const auto& p : r.procs)
+        for (const auto& c : p.conns) {
+          o += (first ? "" : ",") + json_conn(p, c, rates, true);
+          first = false;
+        }
+      o += "]";
+      break;
+    }
+  }
+  return o + ",\"errors\":" + json_errors(r) + "}\n";
+}
+
+}  // namespace rsock_stat

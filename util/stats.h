@@ -1,0 +1,71 @@
+// Live counters for rsock-stat: the writer side, used by the library.
+//
+// Each process publishes one shared-memory segment (util/stats_layout.h).
+// Wiring (preload/socket layers):
+//   startup:    stats::init({.enabled = cfg.tunables.stats, .exe = name});
+//   fork child: stats::after_fork_child();   (from the fork hook, in the child)
+//   per socket: slot_ = stats::open_conn(fd, Direction::kClient, &local, &peer);
+//               ... slot_->add_tx(Transport::kRdma, n);   (data path; slot_ may be null)
+//               stats::set_state(slot_, ConnState::kUpgrading);
+//               stats::set_upgraded(slot_, qp_num);  or  stats::set_fallback(slot_, reason);
+//               stats::close_conn(slot_);
+// Every function accepts a null slot and does nothing with it, and every
+// function is a no-op before init() or when stats are disabled.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <string>
+#include <string_view>
+
+#include "util/stats_layout.h"
+#include "util/status.h"
+
+namespace rsock::stats {
+
+struct Options {
+  bool enabled = true;
+  std::string_view exe;                   // shown by rsock-stat (basename of the executable)
+  std::string_view dir;                   // default: $RSOCK_STATS_DIR or /dev/shm/librsock
+  uint32_t initial_slots = kInitialSlots; // slots in the main file; extensions double
+  bool unlink_at_exit = true;             // remove our files from an atexit handler
+};
+
+// Creates <dir>/<uid>/<pid> and removes stale files of dead processes. On
+// failure stats stay disabled (the library works the same without them).
+Status<void> init(const Options& options);
+
+// Removes this process's files and unmaps them. Slots handed out become
+// invalid: call only at exit (init() registers it with atexit by default).
+void shutdown();
+
+// In a fork child: publish our own <pid> file with a copy of the parent's
+// slots (same addresses, so ConnSlot pointers the child inherited stay valid)
+// and zeroed counters. Call before the child does any I/O.
+void after_fork_child();
+
+// The process counters, or nullptr when stats are disabled.
+ProcessCounters* process();
+bool enabled();
+
+// Claims a slot for a new connection (nullptr if stats are off, or if no slot
+// can be had: counted in conns_untracked). Takes a lock: not for the data path.
+ConnSlot* open_conn(int fd, Direction dir, const sockaddr* local, const sockaddr* peer);
+// Adds the slot's traffic to the process totals and frees it.
+void close_conn(ConnSlot* slot);
+
+// Descriptive updates (seqlock writers; rare events).
+void set_state(ConnSlot* slot, ConnState state);
+void set_fd(ConnSlot* slot, int fd);
+void set_addresses(ConnSlot* slot, const sockaddr* local, const sockaddr* peer);
+// Now on RDMA: transport = kRdma, state = kEstablished; counts conns_upgraded.
+void set_upgraded(ConnSlot* slot, uint32_t qp_num);
+// Staying on (or back to) TCP: transport = kTcp, state = kEstablished; counts
+// fallbacks[reason] (slot may be null: counted all the same).
+void set_fallback(ConnSlot* slot, FallbackReason reason);
+void count_handshake_error();
+
+// Where segments live: $RSOCK_STATS_DIR or /dev/shm/librsock.
+std::string default_root_dir();
+
+}  // namespace rsock::stats
