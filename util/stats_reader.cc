@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -83,7 +84,10 @@ class Mapping {
 bool read_slot(const ConnSlot& s, ConnSnapshot* out) {
   if (s.in_use.load(std::memory_order_acquire) == 0) return false;
   bool settled = false;
-  for (int attempt = 0; attempt < 1000 && !settled; ++attempt) {
+  // Writers hold the seqlock for a few stores, rarely; yield now and then in
+  // case one was preempted mid-update. Give up (and say so) after ~10k tries.
+  for (int attempt = 0; attempt < 10000 && !settled; ++attempt) {
+    if (attempt % 64 == 63) sched_yield();
     uint32_t a = s.seq.load(std::memory_order_acquire);
     if (a & 1) continue;
     memcpy(&out->info, &s.info, sizeof out->info);
