@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 
 namespace conf {
@@ -21,6 +22,20 @@ int timeout_ms() {
     return v > 0 ? v : 20000;
   }();
   return ms;
+}
+
+in_addr test_ipv4() {
+  static const in_addr addr = [] {
+    in_addr a{};
+    a.s_addr = htonl(INADDR_LOOPBACK);
+    const char* s = getenv("RSOCK_CONF_IPV4");
+    if (s && *s && inet_pton(AF_INET, s, &a) != 1) {
+      fprintf(stderr, "rsock_conformance: bad RSOCK_CONF_IPV4=%s, using 127.0.0.1\n", s);
+      a.s_addr = htonl(INADDR_LOOPBACK);
+    }
+    return a;
+  }();
+  return addr;
 }
 
 int64_t now_ms() {
@@ -50,7 +65,7 @@ Listener make_listener(int family, int backlog) {
   } else {
     auto* a = reinterpret_cast<sockaddr_in*>(&l.addr);
     a->sin_family = AF_INET;
-    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a->sin_addr = test_ipv4();
     l.addr_len = sizeof(sockaddr_in);
   }
   REQUIRE_MESSAGE(bind(l.fd, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0,
@@ -84,7 +99,7 @@ ClosedPort closed_port() {
   c.holder = Fd(socket(AF_INET, SOCK_STREAM, 0));
   REQUIRE(c.holder >= 0);
   c.addr.sin_family = AF_INET;
-  c.addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  c.addr.sin_addr = test_ipv4();
   REQUIRE(bind(c.holder, reinterpret_cast<sockaddr*>(&c.addr), sizeof c.addr) == 0);
   socklen_t len = sizeof c.addr;
   REQUIRE(getsockname(c.holder, reinterpret_cast<sockaddr*>(&c.addr), &len) == 0);

@@ -19,6 +19,10 @@ namespace conf {
 // slower TCG guest); override with RSOCK_CONF_TIMEOUT_MS.
 int timeout_ms();
 
+// IPv4 address the TCP tests use: 127.0.0.1, or RSOCK_CONF_IPV4 (e.g. the
+// VM's 10.77.0.1, so that connections can be moved onto rxe0 underneath).
+in_addr test_ipv4();
+
 // Monotonic clock in milliseconds.
 int64_t now_ms();
 
@@ -50,8 +54,8 @@ class Fd {
   int fd_ = -1;
 };
 
-// A listening TCP socket on the loopback address of `family` (AF_INET ->
-// 127.0.0.1, AF_INET6 -> ::1) with an ephemeral port.
+// A listening TCP socket on the local test address of `family` (AF_INET ->
+// test_ipv4(), AF_INET6 -> ::1) with an ephemeral port.
 struct Listener {
   Fd fd;
   sockaddr_storage addr{};
@@ -68,7 +72,7 @@ struct Pair {
 };
 Pair connected_pair(int family = AF_INET);
 
-// A TCP socket bound to a loopback port but not listening: connecting to
+// A TCP socket bound to a port of test_ipv4() but not listening: connecting to
 // `addr` is refused, and keeping the socket open keeps the port ours.
 struct ClosedPort {
   Fd holder;

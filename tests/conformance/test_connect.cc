@@ -177,7 +177,7 @@ TEST_CASE("getsockname/getpeername agree on both ends") {
   CHECK(same_addr(s_peer, c_local));
   CHECK(same_addr(from, c_local));
   auto& cl = reinterpret_cast<sockaddr_in&>(c_local);
-  CHECK(cl.sin_addr.s_addr == htonl(INADDR_LOOPBACK));
+  CHECK(cl.sin_family == AF_INET);
   CHECK(ntohs(cl.sin_port) != 0);
 
   // A too-short buffer is truncated, and the full length is reported.
