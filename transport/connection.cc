@@ -305,13 +305,27 @@ void Connection::drain_fd(int f) {
 }
 
 Status<void> Connection::progress() {
-  if (timerfd_ >= 0) drain_fd(timerfd_);
+  // One epoll_wait says which of our fds has something: the others cost no
+  // syscall (this runs on every wakeup of the socket layer).
+  epoll_event evs[4];
+  bool timer_ready = false, comp_ready = false, cm_ready = false;
+  int n = sys::libc.epoll_wait(epfd_, evs, 4, 0);
+  for (int i = 0; i < n; ++i) {
+    int f = evs[i].data.fd;
+    timer_ready |= f == timerfd_;
+    comp_ready |= comp_ch_ != nullptr && f == comp_ch_->fd;
+    cm_ready |= cm_ch_ != nullptr && f == cm_ch_->fd;
+  }
+  if (timer_ready) {
+    drain_fd(timerfd_);
+    timer_armed_ns_ = 0;
+  }
   if (cq_ != nullptr) {
     // The completion channel: take its events so fd() goes quiet; the CQ is
     // re-armed below before anyone can sleep on it.
     ibv_cq* ecq;
     void* ectx;
-    while (ibv_get_cq_event(comp_ch_, &ecq, &ectx) == 0) {
+    while (comp_ready && ibv_get_cq_event(comp_ch_, &ecq, &ectx) == 0) {
       ibv_ack_cq_events(ecq, 1);
       cq_armed_ = false;
       ++ctr_.cq_events;
@@ -320,14 +334,14 @@ Status<void> Connection::progress() {
     }
   }
   rdma_cm_event* ev;
-  while (cm_ch_ != nullptr && rdma_get_cm_event(cm_ch_, &ev) == 0) {
+  while (cm_ready && cm_ch_ != nullptr && rdma_get_cm_event(cm_ch_, &ev) == 0) {
     rdma_cm_event copy = *ev;  // private data is only valid until the ack
     wire::SetupBlock pd{};
     if (ev->param.conn.private_data != nullptr) {
-      size_t n = std::min<size_t>(ev->param.conn.private_data_len, sizeof pd);
-      std::memcpy(&pd, ev->param.conn.private_data, n);
+      size_t len = std::min<size_t>(ev->param.conn.private_data_len, sizeof pd);
+      std::memcpy(&pd, ev->param.conn.private_data, len);
       copy.param.conn.private_data = &pd;
-      copy.param.conn.private_data_len = static_cast<uint8_t>(n);
+      copy.param.conn.private_data_len = static_cast<uint8_t>(len);
     }
     rdma_ack_cm_event(ev);
     (void)handle_cm_event(copy);
@@ -372,7 +386,10 @@ void Connection::update_timer() {
     uint64_t ka = last_tx_ns_ + uint64_t{tun_.keepalive_ms} * 1000000;
     if (next == 0 || ka < next) next = ka;
   }
-  if (next == timer_armed_ns_) return;
+  // Only ever move the timer earlier: a keepalive timer that fires before the
+  // (since postponed) keepalive is due costs one wakeup; re-arming on every
+  // send would cost a syscall each.
+  if (next == 0 || (timer_armed_ns_ != 0 && timer_armed_ns_ <= next)) return;
   itimerspec its{};
   if (next != 0) {
     its.it_value.tv_sec = static_cast<time_t>(next / 1000000000);
@@ -394,18 +411,26 @@ Status<void> Connection::wait(short events, int timeout_ms) {
   uint64_t start = now_ns();
   uint64_t spin_end = start + uint64_t{tun_.spin_us} * 1000;
   uint64_t end = timeout_ms < 0 ? UINT64_MAX : start + uint64_t(timeout_ms) * 1000000;
-  (void)progress();
+  // Spin on the CQ alone (no syscalls); progress() and the fd only once the
+  // spin budget is spent, so the CQ is armed right before sleeping.
+  bool slept_ready = true;
   while (!wait_done(events)) {
     uint64_t now = now_ns();
-    if (now >= end) return Err(ETIMEDOUT);
     if (now < spin_end && cq_ != nullptr && established()) {
       if (poll_cq()) flush_pending();
       continue;
     }
+    if (slept_ready) {
+      (void)progress();
+      slept_ready = false;
+      continue;
+    }
+    if (now >= end) return Err(ETIMEDOUT);
     int ms = end == UINT64_MAX ? -1 : static_cast<int>((end - now + 999999) / 1000000);
     pollfd p{epfd_, POLLIN, 0};
-    if (sys::libc.poll(&p, 1, ms) < 0 && errno != EINTR) return Err(errno);
-    (void)progress();
+    int r = sys::libc.poll(&p, 1, ms);
+    if (r < 0 && errno != EINTR) return Err(errno);
+    slept_ready = true;
   }
   return Ok();
 }
