@@ -1,0 +1,210 @@
+// Sockets across fork() and exec(), and an event-driven server with many
+// connections (the shape of nginx/redis-style programs).
+#include <doctest/doctest.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "helpers.h"
+
+using namespace conf;
+
+namespace {
+
+// Waits for `pid` with a bound; kills it if it overstays. Returns the status.
+int wait_child(pid_t pid) {
+  int64_t deadline = now_ms() + timeout_ms();
+  int status = 0;
+  for (;;) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0 || now_ms() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    usleep(2000);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fork: parent and child share an inherited connection") {
+  Pair p = connected_pair();
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // Child: write, read a reply, then exit without touching doctest.
+    const char msg[] = "from-child";
+    if (write_all(p.client, msg, sizeof msg - 1) != sizeof msg - 1) _exit(2);
+    char b[5];
+    if (read_exact(p.client, b, 5) != 5 || memcmp(b, "reply", 5) != 0) _exit(3);
+    _exit(0);
+  }
+  char b[16];
+  REQUIRE(read_exact(p.server, b, 10) == 10);
+  CHECK(memcmp(b, "from-child", 10) == 0);
+  REQUIRE(write_all(p.server, "reply", 5) == 5);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // The child's exit closed only its copy: the parent's still works, no EOF.
+  CHECK(poll_one(p.server, POLLIN, 50) == 0);
+  REQUIRE(write_all(p.client, "from-parent", 11) == 11);
+  REQUIRE(read_exact(p.server, b, 11) == 11);
+  CHECK(memcmp(b, "from-parent", 11) == 0);
+  REQUIRE(p.client.reset() == 0);
+  bool eof = false;
+  read_to_eof(p.server, nullptr, &eof);
+  CHECK(eof);
+}
+
+TEST_CASE("fork: a child accepting on an inherited listener (preforking server)") {
+  Listener l = make_listener();
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (!wait_readable(l.fd)) _exit(2);
+    int s = accept(l.fd, nullptr, nullptr);
+    if (s < 0) _exit(3);
+    char b[4];
+    if (read_exact(s, b, 4) != 4) _exit(4);
+    if (write_all(s, b, 4) != 4) _exit(5);  // echo
+    close(s);
+    _exit(0);
+  }
+  l.fd.reset();  // the parent only connects
+  Fd c(socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(connect(c, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0);
+  REQUIRE(write_all(c, "echo", 4) == 4);
+  char b[4];
+  CHECK(read_exact(c, b, 4) == 4);
+  CHECK(memcmp(b, "echo", 4) == 0);
+  bool eof = false;
+  read_to_eof(c, nullptr, &eof);
+  CHECK(eof);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("exec: a connected socket survives exec; FD_CLOEXEC ones do not") {
+  Pair p = connected_pair();
+  Pair q = connected_pair();
+  REQUIRE(fcntl(q.client, F_SETFD, FD_CLOEXEC) == 0);
+  const int kKeep = 7, kGone = 8;
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (dup2(p.client, kKeep) != kKeep) _exit(2);
+    if (dup3(q.client, kGone, O_CLOEXEC) != kGone) _exit(3);
+    // Close the originals so only fd 7 (kept) and fd 8 (cloexec) refer to them.
+    close(p.client.get());
+    close(q.client.get());
+    // The shell writes to fd 7, reads one line from it, echoes it back, and
+    // reports whether fd 8 is open (it must not be after exec).
+    execl("/bin/sh", "sh", "-c",
+          "printf 'exec-ok\\n' >&7; read line <&7; printf '%s|' \"$line\" >&7; "
+          "if { true >&8; } 2>/dev/null; then printf open >&7; else printf closed >&7; fi",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // The parent drops its ends so EOF means "every process closed it".
+  p.client.reset();
+  q.client.reset();
+  char b[8];
+  REQUIRE(read_exact(p.server, b, 8) == 8);
+  CHECK(memcmp(b, "exec-ok\n", 8) == 0);
+  REQUIRE(write_all(p.server, "ping\n", 5) == 5);
+  std::string rest;
+  bool eof = false;
+  read_to_eof(p.server, &rest, &eof);
+  CHECK(eof);
+  CHECK(rest == "ping|closed");
+  // q's socket was closed by exec (CLOEXEC) and the parent: EOF there too.
+  read_to_eof(q.server, nullptr, &eof);
+  CHECK(eof);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("server: epoll echo server with many concurrent connections") {
+  const int kConns = 48;
+  Listener l = make_listener(AF_INET, kConns);
+  set_nonblocking(l.fd, true);
+  std::atomic<bool> stop{false};
+  std::atomic<int> closed{0}, accepted{0};
+  std::thread server([&] {
+    int ep = epoll_create1(0);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = l.fd;
+    epoll_ctl(ep, EPOLL_CTL_ADD, l.fd, &ev);
+    std::vector<char> buf(65536);
+    epoll_event evs[16];
+    int64_t deadline = now_ms() + timeout_ms() * 3;
+    while (!stop && closed < kConns && now_ms() < deadline) {
+      int n = epoll_wait(ep, evs, 16, 100);
+      for (int i = 0; i < n; ++i) {
+        int fd = evs[i].data.fd;
+        if (fd == l.fd) {
+          int s;
+          while ((s = accept4(l.fd, nullptr, nullptr, SOCK_NONBLOCK)) >= 0) {
+            ++accepted;
+            epoll_event cev{};
+            cev.events = EPOLLIN | EPOLLRDHUP;
+            cev.data.fd = s;
+            epoll_ctl(ep, EPOLL_CTL_ADD, s, &cev);
+          }
+          continue;
+        }
+        ssize_t r = read(fd, buf.data(), buf.size());
+        if (r > 0) {
+          write_all(fd, buf.data(), static_cast<size_t>(r));
+        } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+          epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+          close(fd);
+          ++closed;
+        }
+      }
+    }
+    close(ep);
+  });
+
+  std::vector<std::thread> clients;
+  std::vector<int> ok(kConns, 0);
+  for (int i = 0; i < kConns; ++i) {
+    clients.emplace_back([&, i] {
+      Fd c(socket(AF_INET, SOCK_STREAM, 0));
+      if (connect(c, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) != 0) return;
+      std::vector<uint8_t> msg(500 + static_cast<size_t>(i) * 613), in(msg.size());
+      fill_pattern(msg.data(), msg.size(), 0, 100 + static_cast<uint32_t>(i));
+      if (write_all(c, msg.data(), msg.size()) != msg.size()) return;
+      if (read_exact(c, in.data(), in.size()) != in.size()) return;
+      if (shutdown(c, SHUT_WR) != 0) return;
+      bool eof = false;
+      read_to_eof(c, nullptr, &eof);
+      ok[static_cast<size_t>(i)] = eof && memcmp(msg.data(), in.data(), msg.size()) == 0;
+    });
+  }
+  for (auto& t : clients) t.join();
+  int64_t deadline = now_ms() + timeout_ms();
+  while (closed < kConns && now_ms() < deadline) usleep(1000);
+  stop = true;
+  server.join();
+  int good = 0;
+  for (int v : ok) good += v;
+  CHECK(good == kConns);
+  CHECK(accepted == kConns);
+  CHECK(closed == kConns);
+}
