@@ -195,6 +195,14 @@ int halfclose_case() {
   auto server = [&](rt::Listener& l, pid_t) -> int {
     auto c = accept_one(l);
     drain_to_eof(*c, kBytes, 1);  // client -> server, then client's FIN
+    // The app control message sent after the data arrives in order, tagged
+    // with the stream position it was sent at.
+    auto m = c->recv_control();
+    CHECK(m.ok(), "no app control message: %d", m.error());
+    CHECK(m->type == 7 && m->len == 6 && std::memcmp(m->data, "switch", 6) == 0 &&
+              m->stream_pos == kBytes,
+          "control type %d len %d pos %llu", m->type, m->len, (unsigned long long)m->stream_pos);
+    CHECK(c->recv_control().error() == EAGAIN, "only one control message was sent");
     // Our direction is still open after the peer's half-close.
     auto data = make(2);
     send_all(*c, data.data(), data.size());
@@ -214,6 +222,8 @@ int halfclose_case() {
     auto c = connect_to(port, tun);
     auto data = make(1);
     send_all(*c, data.data(), data.size());
+    const char sw[] = "switch";
+    CHECK(c->send_control(7, std::as_bytes(std::span(sw, 6))).ok(), "send_control");
     CHECK(c->shutdown_write().ok(), "shutdown_write");
     CHECK(c->shutdown_write().ok(), "second shutdown_write must be harmless");
     drain_to_eof(*c, kBytes, 2);
@@ -239,7 +249,6 @@ int many_case() {
     std::vector<size_t> echoed;
     uint64_t t0 = rt::now_ns();
     int done = 0;
-    bool counted = false;
     while (done < kConns) {
       CHECK(secs_since(t0) < 400, "only %d of %d connections served", done, kConns);
       for (;;) {
@@ -249,16 +258,6 @@ int many_case() {
         CHECK(c.ok(), "accept #%zu: %s", conns.size(), std::strerror(c.error()));
         conns.push_back(std::move(c.value()));
         echoed.push_back(0);
-      }
-      if (!counted && int(conns.size()) == kConns) {
-        bool all = true;
-        for (auto& c : conns) all = all && c->established();
-        if (all) {
-          int n = count_rc_qps(getpid());
-          log_line("many: %d RC QPs of this server in rdma resource show qp", n);
-          CHECK(n >= kConns, "expected >= %d RC QPs, rdma tool shows %d", kConns, n);
-          counted = true;
-        }
       }
       bool any = false;
       for (size_t i = 0; i < conns.size(); ++i) {
@@ -277,12 +276,14 @@ int many_case() {
       }
       if (!any) usleep(1000);
     }
-    // Wait for every client FIN, then close all.
+    // Every connection is alive until the client's FIN: all QPs must show.
+    int n = count_rc_qps(getpid());
+    log_line("many: %d RC QPs of this server in rdma resource show qp", n);
+    CHECK(n == kConns, "expected %d RC QPs, rdma tool shows %d", kConns, n);
     for (auto& c : conns) {
       char x;
       CHECK(!recv_all(*c, &x, 1), "expected EOF");
     }
-    CHECK(counted, "RC QPs never counted");
     return 0;
   };
   auto client = [&](uint16_t port) -> int {
@@ -322,6 +323,11 @@ int many_case() {
       CHECK(conns[i]->shutdown_write().ok(), "shutdown_write");
     }
     log_line("many: %d echoes ok after %.2f s", kConns, secs_since(t0));
+    CHECK(count_rc_qps(getpid()) == kConns, "RC QPs of the client: %d", count_rc_qps(getpid()));
+    conns.clear();  // orderly close of all: every QP must be gone afterwards
+    int left = count_rc_qps(getpid());
+    CHECK(left == 0, "%d RC QPs left after destroying every connection", left);
+    log_line("many: all %d QPs released after %.2f s", kConns, secs_since(t0));
     return 0;
   };
   return run_pair(server, client, tun, 500);
@@ -398,7 +404,25 @@ int noport_case() {
   log_line("noport: %s after %.3f s", std::strerror(err), s);
   CHECK(err == ECONNREFUSED || err == ETIMEDOUT, "unexpected error %d", err);
   CHECK(s < 2.0 + tun.resolve_timeout_ms / 1000.0, "failure took %.3f s", s);
-  // Unreachable address: bounded by resolve_timeout_ms + connect_timeout_ms.
+  // An address nobody has (same subnet, no neighbour): the setup bounds
+  // (resolve_timeout_ms, twice, + connect_timeout_ms) must end it.
+  sockaddr_in gone = server_addr(1);
+  inet_pton(AF_INET, "10.77.0.99", &gone.sin_addr);
+  t0 = rt::now_ns();
+  auto g = rt::Connection::connect(reinterpret_cast<sockaddr*>(&gone), nullptr, {}, tun);
+  err = g.ok() ? 0 : g.error();
+  while (err == 0) {
+    auto p = g.value()->progress();
+    if (!p.ok()) { err = p.error(); break; }
+    CHECK(secs_since(t0) < 10, "no failure after 10 s");
+    pollfd pf{g.value()->fd(), POLLIN, 0};
+    poll(&pf, 1, 1000);  // woken by the connection's timerfd, not by this timeout
+  }
+  s = secs_since(t0);
+  log_line("unreachable: %s after %.3f s", std::strerror(err), s);
+  CHECK(err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH, "unexpected error %d", err);
+  CHECK(s < (2 * tun.resolve_timeout_ms + tun.connect_timeout_ms) / 1000.0 + 0.5,
+        "failure took %.3f s", s);
   return 0;
 }
 
