@@ -41,6 +41,11 @@ summarize "$tmp/preload.xml" >"$tmp/preload.txt"
 
 echo "plain:   exit $rc_plain, $(grep -c . "$tmp/plain.txt") test cases, $(grep -c $'\tpass$' "$tmp/plain.txt") passed"
 echo "preload: exit $rc_preload, $(grep -c . "$tmp/preload.txt") test cases, $(grep -c $'\tpass$' "$tmp/preload.txt") passed"
+for run in plain preload; do
+  if grep -qv $'\t\(pass\|skipped\)$' "$tmp/$run.txt"; then
+    echo "not passing in the $run run:"; grep -v $'\t\(pass\|skipped\)$' "$tmp/$run.txt" | sed 's/^/  /'
+  fi
+done
 if [ ! -s "$tmp/plain.txt" ]; then
   echo "FAIL: the plain run produced no test cases"; cat "$tmp/plain.log"; exit 1
 fi

@@ -105,11 +105,16 @@ TEST_CASE("exec: a connected socket survives exec; FD_CLOEXEC ones do not") {
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    if (dup2(p.client, kKeep) != kKeep) _exit(2);
-    if (dup3(q.client, kGone, O_CLOEXEC) != kGone) _exit(3);
-    // Close the originals so only fd 7 (kept) and fd 8 (cloexec) refer to them.
+    // Move both out of the way first: either may currently be fd 7 or 8.
+    int pk = fcntl(p.client, F_DUPFD, 100), qg = fcntl(q.client, F_DUPFD, 100);
+    if (pk < 0 || qg < 0) _exit(2);
     close(p.client.get());
     close(q.client.get());
+    if (dup2(pk, kKeep) != kKeep) _exit(3);
+    if (dup3(qg, kGone, O_CLOEXEC) != kGone) _exit(4);
+    // Only fd 7 (kept) and fd 8 (cloexec) refer to them now.
+    close(pk);
+    close(qg);
     // The shell writes to fd 7, reads one line from it, echoes it back, and
     // reports whether fd 8 is open (it must not be after exec).
     execl("/bin/sh", "sh", "-c",
