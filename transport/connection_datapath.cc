@@ -79,7 +79,7 @@ static bool post_small_send(ibv_qp* qp, ibv_mr* mr, std::byte* buf, const void* 
 }
 
 bool Connection::post_credit() {
-  if (sq_free() < 1 || tx_.free_slots() < 1) return false;
+  if (sq_free() < 1 || !tx_.credit_allowed(rx_.slots_owed())) return false;
   wire::CreditBlock cb{rx_.tail_to_advertise(), static_cast<uint32_t>(rx_.slots_to_advertise()), 0};
   std::byte* buf = tx_mem_ + ring_bytes_ + (sq_seq_ % sq_depth_) * wire::kRecvBufBytes;
   if (!post_small_send(id_->qp, tx_mr_, buf, &cb, sizeof cb, wire::make_imm(wire::Op::kCredit, 0),

@@ -16,6 +16,13 @@ namespace rsock::transport {
 // The sender's view of the peer's receive ring and receive WRs.
 class TxWindow {
  public:
+  // May a CREDIT go out now, given `owed_slots` receive WRs to return? It
+  // needs one peer receive WR; the last one only if the CREDIT returns at
+  // least one, so two peers can never both end at zero (docs/TRANSPORT.md).
+  bool credit_allowed(uint64_t owed_slots) const {
+    uint32_t f = free_slots();
+    return f >= 2 || (f == 1 && owed_slots >= 1);
+  }
   void init(uint32_t ring_bytes, uint32_t peer_slots) {
     ring_ = ring_bytes;
     head_ = consumed_ = 0;
@@ -90,6 +97,7 @@ class RxWindow {
     return tail_ - advertised_ >= ring_ / 2 || slots_posted_ - slots_advertised_ >= slots_ / 2;
   }
   bool credit_pending() const { return tail_ != advertised_ || slots_posted_ != slots_advertised_; }
+  uint64_t slots_owed() const { return slots_posted_ - slots_advertised_; }
   uint64_t tail_to_advertise() const { return tail_; }
   uint64_t slots_to_advertise() const { return slots_posted_; }
   void on_credit_sent(uint64_t tail, uint64_t slots) {

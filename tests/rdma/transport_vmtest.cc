@@ -1,6 +1,6 @@
 // Two-process tests of transport/ over Soft-RoCE (run inside tools/rxe-vm).
 //   rsock_transport_vmtest <case>
-// Cases: stream slowreader halfclose many kill_reader_side kill_writer_side noport reject
+// Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side noport reject
 // Exit 77 with "SKIP: no RDMA device" when the host has no verbs device.
 #include <rdma/rdma_cma.h>
 
@@ -333,6 +333,77 @@ int many_case() {
   return run_pair(server, client, tun, 500);
 }
 
+// ---------------------------------------------------------------- bidir
+// Both directions stream at once through a tiny ring and only 4 receive WRs:
+// credits and receive-WR accounting must never deadlock (nor RNR: retry 0).
+int bidir_one_side(rt::Connection& c, uint64_t seed_out, uint64_t seed_in, size_t total) {
+  Rng out(seed_out), in(seed_in);
+  std::vector<char> obuf(3000), ibuf(5000), want(5000);
+  size_t sent = 0, got = 0, opos = obuf.size(), olen = obuf.size();
+  bool fin = false;
+  uint64_t t0 = rt::now_ns();
+  while (got < total || !fin) {
+    CHECK(secs_since(t0) < 200, "bidir stuck: sent %zu got %zu", sent, got);
+    bool moved = false;
+    if (sent < total) {
+      if (opos == olen) {
+        olen = std::min(obuf.size(), total - sent);
+        fill(out, obuf.data(), obuf.size());
+        opos = 0;
+      }
+      iovec v{obuf.data() + opos, olen - opos};
+      auto r = c.send({&v, 1});
+      if (r.ok()) { opos += *r; sent += *r; moved = true; }
+      else CHECK(r.error() == EAGAIN, "send %s", std::strerror(r.error()));
+    } else if (!fin) {
+      CHECK(c.shutdown_write().ok(), "shutdown_write");
+      fin = true;
+    }
+    if (got < total) {
+      size_t want_n = std::min(ibuf.size(), total - got);
+      iovec v{ibuf.data(), want_n};
+      auto r = c.recv({&v, 1}, false);
+      if (r.ok()) {
+        CHECK(*r > 0, "early EOF at %zu", got);
+        // Compare against the peer's generator, chunked as it fills (3000 B).
+        for (size_t i = 0; i < *r; ++i, ++got) {
+          if (got % 3000 == 0) fill(in, want.data(), 3000);
+          CHECK(ibuf[i] == want[got % 3000], "byte %zu differs", got);
+        }
+        moved = true;
+      } else {
+        CHECK(r.error() == EAGAIN, "recv %s", std::strerror(r.error()));
+      }
+    }
+    if (!moved) (void)c.wait(POLLIN | POLLOUT, 100);
+  }
+  char x;
+  CHECK(!recv_all(c, &x, 1), "expected EOF");
+  const auto& k = c.counters();
+  log_line("bidir: %zu bytes each way; credits sent %llu received %llu, stalls %llu", total,
+           (unsigned long long)k.credits_sent, (unsigned long long)k.credits_received,
+           (unsigned long long)k.credit_stalls);
+  CHECK(k.credit_stalls > 0 && k.data_wrs > 0, "flow control not exercised");
+  return 0;
+}
+
+int bidir_case() {
+  Tunables tun = test_tunables();
+  tun.ring_bytes = 4096;
+  tun.recv_slots = 4;
+  tun.send_queue_depth = 8;
+  constexpr size_t kTotal = 4u << 20;
+  auto server = [&](rt::Listener& l, pid_t) -> int {
+    auto c = accept_one(l);
+    return bidir_one_side(*c, 11, 12, kTotal);
+  };
+  auto client = [&](uint16_t port) -> int {
+    auto c = connect_to(port, tun);
+    return bidir_one_side(*c, 12, 11, kTotal);
+  };
+  return run_pair(server, client, tun, 300);
+}
+
 // ---------------------------------------------------------------- kill
 // The peer is SIGKILLed mid-stream; the survivor must see ECONNRESET/EPIPE
 // within 2 s. reader_survives: the killed process is the writer.
@@ -534,7 +605,7 @@ int reject_case() {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|kill_reader_side|kill_writer_side|noport|reject\n", argv[0]);
+    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|bidir|kill_reader_side|kill_writer_side|noport|reject\n", argv[0]);
     return 2;
   }
   skip_without_device();
@@ -545,6 +616,7 @@ int main(int argc, char** argv) {
   else if (c == "slowreader") rc = slowreader_case();
   else if (c == "halfclose") rc = halfclose_case();
   else if (c == "many") rc = many_case();
+  else if (c == "bidir") rc = bidir_case();
   else if (c == "kill_reader_side") rc = kill_case(true);
   else if (c == "kill_writer_side") rc = kill_case(false);
   else if (c == "noport") rc = noport_case();

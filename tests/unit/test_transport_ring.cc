@@ -187,3 +187,18 @@ TEST_CASE("transport wire: reject reason and immediates") {
   CHECK(((w::imm_value(imm) >> 8) & 0xff) == 3);
   CHECK((w::imm_value(imm) & 0xff) == 17);
 }
+
+TEST_CASE("transport TxWindow: the last peer receive WR only carries a credit that returns WRs") {
+  TxWindow tx;
+  tx.init(4096, 4);
+  CHECK(tx.credit_allowed(0));
+  tx.on_message();
+  tx.on_message();
+  CHECK(tx.credit_allowed(0));  // 2 left
+  tx.on_message();
+  CHECK(tx.free_slots() == 1);
+  CHECK_FALSE(tx.credit_allowed(0));  // would strand both sides at zero
+  CHECK(tx.credit_allowed(1));
+  tx.on_message();
+  CHECK_FALSE(tx.credit_allowed(5));
+}
