@@ -105,8 +105,17 @@ Status<uint64_t> process_start_time(int pid) {
 
 bool pid_alive(int pid) {
   if (pid <= 0) return false;
-  if (kill(pid, 0) == 0) return true;
-  return errno == EPERM;  // exists, belongs to someone else
+  if (kill(pid, 0) != 0 && errno != EPERM) return false;  // EPERM: exists, someone else's
+  // A zombie (exited, not yet reaped: common in containers whose init does
+  // not reap) still answers kill(0) but will never update its segment.
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  char buf[512];
+  auto n = read_small(path, buf, sizeof buf - 1);
+  if (!n.ok()) return n.error() != ENOENT;
+  buf[*n] = '\0';
+  const char* p = strrchr(buf, ')');
+  return p == nullptr || p[1] != ' ' || (p[2] != 'Z' && p[2] != 'X');
 }
 
 Check check_header(const void* data, size_t file_size, int expect_pid, uint32_t expect_index,

@@ -259,6 +259,14 @@ TEST_CASE("stats: file names and start time") {
   REQUIRE(st.ok());
   CHECK(*st > 0);
   CHECK(files::pid_alive(getpid()));
+  // A zombie (exited, unreaped) is dead for our purposes.
+  pid_t z = fork();
+  if (z == 0) _exit(0);
+  for (int i = 0; i < 200 && files::pid_alive(z); ++i) usleep(5000);
+  CHECK_FALSE(files::pid_alive(z));
+  int status = 0;
+  waitpid(z, &status, 0);
+  CHECK_FALSE(files::pid_alive(z));
 }
 
 TEST_CASE("stats: stale files of dead processes are removed at init") {
