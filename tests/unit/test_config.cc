@@ -8,6 +8,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "config/keys.h"
 
 using namespace rsock::config;
 
@@ -278,4 +279,20 @@ TEST_CASE("config: errors carry line and column") {
   CHECK(parse_err("use tcp_server *\n").find("t.conf:1:1: expected \"key = value\"") == 0);
   // A mistake in a section that does not match this program is still an error.
   CHECK(parse_err("[app nginx]\nring_bytes = 5\n").find("t.conf:2:14: ring_bytes = 5 is out of range") == 0);
+}
+
+TEST_CASE("config: every Tunables field has a key") {
+  // Tunables is uint32_t fields plus one bool. If this fails, a field was
+  // added to config/tunables.h without a row in config/keys.cc (and docs).
+  size_t u32_keys = 0, bool_keys = 0;
+  for (size_t i = 0; i < detail::kNumKeys; ++i) {
+    u32_keys += detail::kKeys[i].u32 != nullptr;
+    bool_keys += detail::kKeys[i].flag != nullptr;
+  }
+  CHECK(bool_keys == 1);
+  CHECK(sizeof(Tunables) == 4 * u32_keys + 4);
+  Config c = parse_ok("send_queue_depth = 4096\nrecv_slots = 4\n");
+  CHECK(c.tunables.send_queue_depth == 4096);
+  CHECK(c.tunables.recv_slots == 4);
+  CHECK(parse_err("recv_slots = 2000\n") == "t.conf:1:14: recv_slots = 2000 is out of range: must be from 4 to 1024");
 }
