@@ -34,6 +34,7 @@ summarize() {
 
 "$bin" --reporters=xml --out="$tmp/plain.xml" "$@" >"$tmp/plain.log" 2>&1
 rc_plain=$?
+if [ $rc_plain = 77 ]; then cat "$tmp/plain.log"; exit 77; fi  # SKIP (see the binary's message)
 LD_PRELOAD=$lib "$bin" --reporters=xml --out="$tmp/preload.xml" "$@" >"$tmp/preload.log" 2>&1
 rc_preload=$?
 summarize "$tmp/plain.xml" >"$tmp/plain.txt"
@@ -54,6 +55,22 @@ if diff -u --label plain --label preload "$tmp/plain.txt" "$tmp/preload.txt"; th
   exit 0
 fi
 echo "DIFFERENT: see the diff above (- plain, + preload)"
-echo "--- last lines of the preload run's output:"
+# Failed assertions of both runs, straight from the XML (file:line, expression, values).
+for run in plain preload; do
+  fails=$(awk '
+    /<TestCase / { if (match($0, /name="[^"]*"/)) tc = substr($0, RSTART + 6, RLENGTH - 7) }
+    /<Expression success="false"/ {
+      match($0, /line="[0-9]*"/); ln = substr($0, RSTART + 6, RLENGTH - 7)
+      printf "  [%s] line %s:", tc, ln; grab = 1; next
+    }
+    /<\/Expression>/ { if (grab) print ""; grab = 0; next }
+    grab && !/<\/?(Original|Expanded)>/ {
+      gsub(/^ +/, ""); gsub(/&lt;/, "<"); gsub(/&gt;/, ">"); gsub(/&quot;/, "\""); gsub(/&amp;/, "\\&")
+      printf " %s", $0
+    }
+  ' "$tmp/$run.xml" | head -n 40)
+  [ -z "$fails" ] || printf -- "--- failed assertions, %s run:\n%s\n" "$run" "$fails"
+done
+echo "--- last lines of the preload run's stdout/stderr:"
 tail -n 20 "$tmp/preload.log"
 exit 1

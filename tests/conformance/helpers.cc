@@ -106,6 +106,15 @@ ClosedPort closed_port() {
   return c;
 }
 
+bool ipv4_bindable() {
+  Fd s(socket(AF_INET, SOCK_STREAM, 0));
+  if (s < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr = test_ipv4();
+  return bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+}
+
 bool ipv6_available() {
   Fd s(socket(AF_INET6, SOCK_STREAM, 0));
   if (s < 0) return false;

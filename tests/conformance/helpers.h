@@ -22,6 +22,8 @@ int timeout_ms();
 // IPv4 address the TCP tests use: 127.0.0.1, or RSOCK_CONF_IPV4 (e.g. the
 // VM's 10.77.0.1, so that connections can be moved onto rxe0 underneath).
 in_addr test_ipv4();
+// True if test_ipv4() can be bound on this host.
+bool ipv4_bindable();
 
 // Monotonic clock in milliseconds.
 int64_t now_ms();
