@@ -43,7 +43,7 @@ class Watchdog {
   Watchdog() {
     const char* s = getenv("RSOCK_CONF_WATCHDOG_S");
     int secs = s ? atoi(s) : 0;
-    budget_ = std::chrono::seconds(secs > 0 ? secs : 180);
+    budget_ = std::chrono::seconds(secs > 0 ? secs : 60);
     // Block every signal in the watchdog so SIGPIPE/SIGALRM land on test threads.
     sigset_t all, old;
     sigfillset(&all);
@@ -73,7 +73,7 @@ class Watchdog {
   std::condition_variable cv_;
   std::string name_;
   std::chrono::steady_clock::time_point deadline_{};
-  std::chrono::seconds budget_{180};
+  std::chrono::seconds budget_{60};
   bool armed_ = false;
 };
 

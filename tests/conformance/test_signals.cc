@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include "helpers.h"
@@ -42,13 +43,28 @@ class ScopedHandler {
 };
 
 // Sends SIGUSR1 to `target` after `ms` (thread-directed: lands on the
-// blocked thread whatever other threads exist in the process).
-std::thread kick_later(pthread_t target, int ms) {
-  return std::thread([target, ms] {
-    usleep(static_cast<useconds_t>(ms) * 1000);
-    pthread_kill(target, SIGUSR1);
-  });
-}
+// blocked thread whatever other threads exist in the process). If the call
+// has still not returned 3 s later, runs `rescue` (which makes the call
+// complete normally) so a missing EINTR fails the test instead of hanging it.
+class Kicker {
+ public:
+  Kicker(pthread_t target, int ms, std::function<void()> rescue)
+      : thread_([this, target, ms, rescue = std::move(rescue)] {
+          usleep(static_cast<useconds_t>(ms) * 1000);
+          pthread_kill(target, SIGUSR1);
+          for (int i = 0; i < 300 && !done_; ++i) usleep(10000);
+          if (!done_) rescue();
+        }) {}
+  ~Kicker() { finish(); }
+  void finish() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -57,64 +73,65 @@ TEST_CASE("signals: a handler without SA_RESTART interrupts blocking calls with 
   Pair p = connected_pair();
   char b[8];
   pthread_t self = pthread_self();
+  auto send_byte = [&] { (void)!write(p.client, "r", 1); };
 
   SUBCASE("read") {
     int before = g_hits;
-    std::thread t = kick_later(self, 100);
+    Kicker k(self, 100, send_byte);
     errno = 0;
     ssize_t r = read(p.server, b, sizeof b);
     int e = errno;
-    t.join();
+    k.finish();
     CHECK(r == -1);
     CHECK(e == EINTR);
     CHECK(g_hits > before);
   }
   SUBCASE("recv") {
-    std::thread t = kick_later(self, 100);
+    Kicker k(self, 100, send_byte);
     errno = 0;
     ssize_t r = recv(p.server, b, sizeof b, 0);
     int e = errno;
-    t.join();
+    k.finish();
     CHECK(r == -1);
     CHECK(e == EINTR);
   }
   SUBCASE("accept") {
     Listener l = make_listener();
-    std::thread t = kick_later(self, 100);
+    Fd rescuer(socket(AF_INET, SOCK_STREAM, 0));
+    Kicker k(self, 100, [&] { (void)!connect(rescuer, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len); });
     errno = 0;
-    int r = accept(l.fd, nullptr, nullptr);
+    Fd r(accept(l.fd, nullptr, nullptr));
     int e = errno;
-    t.join();
-    CHECK(r == -1);
+    k.finish();
+    CHECK(r.get() == -1);
     CHECK(e == EINTR);
   }
   SUBCASE("poll") {
-    std::thread t = kick_later(self, 100);
+    Kicker k(self, 100, send_byte);
     pollfd pf{p.server, POLLIN, 0};
     errno = 0;
     int r = poll(&pf, 1, timeout_ms());
     int e = errno;
-    t.join();
+    k.finish();
     CHECK(r == -1);
     CHECK(e == EINTR);
   }
   SUBCASE("epoll_wait") {
-    int ep = epoll_create1(0);
+    Fd ep(epoll_create1(0));
     REQUIRE(ep >= 0);
     epoll_event ev{};
     ev.events = EPOLLIN;
     REQUIRE(epoll_ctl(ep, EPOLL_CTL_ADD, p.server, &ev) == 0);
-    std::thread t = kick_later(self, 100);
+    Kicker k(self, 100, send_byte);
     errno = 0;
     int r = epoll_wait(ep, &ev, 1, timeout_ms());
     int e = errno;
-    t.join();
-    close(ep);
+    k.finish();
     CHECK(r == -1);
     CHECK(e == EINTR);
   }
   SUBCASE("select") {
-    std::thread t = kick_later(self, 100);
+    Kicker k(self, 100, send_byte);
     fd_set rs;
     FD_ZERO(&rs);
     FD_SET(p.server, &rs);
@@ -122,7 +139,7 @@ TEST_CASE("signals: a handler without SA_RESTART interrupts blocking calls with 
     errno = 0;
     int r = select(p.server + 1, &rs, nullptr, nullptr, &tv);
     int e = errno;
-    t.join();
+    k.finish();
     CHECK(r == -1);
     CHECK(e == EINTR);
   }
@@ -134,7 +151,7 @@ TEST_CASE("signals: SA_RESTART restarts a blocking read; poll still returns EINT
   pthread_t self = pthread_self();
   int before = g_hits;
   // Signal at 100 ms, data at 400 ms: the read must be restarted and return the data.
-  std::thread kick = kick_later(self, 100);
+  Kicker kick(self, 100, [] {});
   std::thread data([&] {
     usleep(400000);
     (void)!write(p.client, "restarted", 9);
@@ -142,7 +159,7 @@ TEST_CASE("signals: SA_RESTART restarts a blocking read; poll still returns EINT
   char b[16];
   errno = 0;
   ssize_t r = read(p.server, b, sizeof b);
-  kick.join();
+  kick.finish();
   data.join();
   CHECK(g_hits > before);
   REQUIRE(r > 0);
@@ -151,12 +168,12 @@ TEST_CASE("signals: SA_RESTART restarts a blocking read; poll still returns EINT
   CHECK(got == 9);
   CHECK(memcmp(b, "restarted", 9) == 0);
   // poll() is never restarted (man 7 signal).
-  std::thread kick2 = kick_later(self, 100);
+  Kicker kick2(self, 100, [&] { (void)!write(p.client, "r", 1); });
   pollfd pf{p.server, POLLIN, 0};
   errno = 0;
   int pr = poll(&pf, 1, timeout_ms());
   int e = errno;
-  kick2.join();
+  kick2.finish();
   CHECK(pr == -1);
   CHECK(e == EINTR);
 }
