@@ -16,7 +16,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
+#include <type_traits>
 
 #include "util/log.h"
 #include "util/stats_files.h"
@@ -46,9 +46,14 @@ struct File {
   uint32_t slot_count = 0;
 };
 
+// Constant-initialised and trivially destructible on purpose: preload/ may
+// call init() from a hook that runs before this library's dynamic
+// initialisers (another library's constructor opening a socket), and hooks
+// still run after static destructors at exit. A std::string or vector here
+// would be re-constructed over a live state, silently turning stats off.
 struct State {
   std::atomic<bool> on{false};
-  std::string dir;  // <root>/<uid>
+  char dir[512] = {};  // <root>/<uid>
   char exe[64] = {};
   int pid = 0;
   uint64_t start_time = 0;
@@ -57,14 +62,15 @@ struct State {
   bool atexit_registered = false;
 
   SpinLock lock;  // guards everything below
-  File files[kMaxFiles];
+  File files[kMaxFiles] = {};
   uint32_t nfiles = 0;
   uint32_t cursor_file = 0;  // first never-used slot: files[cursor_file], index cursor_slot
   uint32_t cursor_slot = 0;
-  std::vector<ConnSlot*> free_slots;
+  ConnSlot* free_head = nullptr;  // closed slots, linked through ConnSlot::free_next
 };
 
-State g;
+constinit State g;
+static_assert(std::is_trivially_destructible_v<State>);  // usable from constructors that run before ours
 
 uint64_t now_unix_ms() {
   timespec ts{};
@@ -141,9 +147,9 @@ bool grow_locked() {
 ConnSlot* alloc_slot() {
   g.lock.lock();
   ConnSlot* s = nullptr;
-  if (!g.free_slots.empty()) {
-    s = g.free_slots.back();
-    g.free_slots.pop_back();
+  if (g.free_head != nullptr) {
+    s = g.free_head;
+    g.free_head = reinterpret_cast<ConnSlot*>(static_cast<uintptr_t>(s->free_next));
   } else {
     if (g.cursor_slot == g.files[g.cursor_file].slot_count) {
       if (g.cursor_file + 1 == g.nfiles && !grow_locked()) {
@@ -260,12 +266,14 @@ Status<void> init(const Options& options) {
              strerror(st.error()));
     return st;
   }
-  g.dir = files::uid_dir(root, getuid());
-  if (auto st = ensure_dir(g.dir, 0700, true); !st.ok()) {
-    LOG_WARN("stats: cannot use %s: %s; rsock-stat will not see this process", g.dir.c_str(),
+  std::string dir = files::uid_dir(root, getuid());
+  if (dir.size() >= sizeof g.dir) return Err(ENAMETOOLONG);
+  if (auto st = ensure_dir(dir, 0700, true); !st.ok()) {
+    LOG_WARN("stats: cannot use %s: %s; rsock-stat will not see this process", dir.c_str(),
              strerror(st.error()));
     return st;
   }
+  memcpy(g.dir, dir.c_str(), dir.size() + 1);
   g.pid = getpid();
   auto start = files::process_start_time(g.pid);
   g.start_time = start.ok() ? *start : 0;
@@ -279,7 +287,7 @@ Status<void> init(const Options& options) {
   uint32_t slots = options.initial_slots == 0 ? 1 : options.initial_slots;
   auto h = create_file(0, slots, nullptr);
   if (!h.ok()) {
-    LOG_WARN("stats: cannot create segment in %s: %s", g.dir.c_str(), strerror(h.error()));
+    LOG_WARN("stats: cannot create segment in %s: %s", g.dir, strerror(h.error()));
     return Err(h.error());
   }
   fill_header(*h, 0, slots);
@@ -287,8 +295,7 @@ Status<void> init(const Options& options) {
   g.nfiles = 1;
   g.cursor_file = 0;
   g.cursor_slot = 0;
-  g.free_slots.clear();
-  g.free_slots.reserve(slots);
+  g.free_head = nullptr;
   g.on.store(true, std::memory_order_release);
   if (g.unlink_at_exit && !g.atexit_registered) {
     g.atexit_registered = true;
@@ -375,7 +382,8 @@ void close_conn(ConnSlot* s) {
   write_end(s);
   if (ProcessCounters* pc = counters()) add_traffic(&pc->closed, s->traffic);
   g.lock.lock();
-  g.free_slots.push_back(s);
+  s->free_next = reinterpret_cast<uintptr_t>(g.free_head);
+  g.free_head = s;
   g.lock.unlock();
 }
 

@@ -109,7 +109,8 @@ struct alignas(64) ConnSlot {
   std::atomic<uint32_t> recv_ring_fill;  // bytes waiting in the receive ring
   std::atomic<uint32_t> ring_bytes;      // capacity of each ring
   std::atomic<uint32_t> send_credits;    // credits we hold to send to the peer
-  uint8_t reserved[48];
+  uint64_t free_next;                    // writer-private free list link (not for readers)
+  uint8_t reserved[40];
 
   // Data path (no locks, no syscalls).
   void add_tx(Transport t, uint64_t bytes) {
