@@ -334,7 +334,13 @@ void after_fork_child() {
       return;
     }
     ConnSlot* slots = slots_of(f.h);
-    for (uint32_t s = 0; s < f.slot_count; ++s) zero_traffic(&slots[s].traffic);
+    for (uint32_t s = 0; s < f.slot_count; ++s) {
+      zero_traffic(&slots[s].traffic);
+      // A parent thread that was inside a seqlock write at fork() left the
+      // sequence odd; nobody in the child will ever close it.
+      uint32_t seq = slots[s].seq.load(std::memory_order_relaxed);
+      if (seq & 1) slots[s].seq.store(seq + 1, std::memory_order_relaxed);
+    }
     fill_header(f.h, i, f.slot_count);
   }
   g.files[0].h->extension_count.store(g.nfiles - 1, std::memory_order_release);
