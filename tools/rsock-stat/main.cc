@@ -167,8 +167,10 @@ int main(int argc, char** argv) {
       time_t t = time(nullptr);
       char stamp[32];
       strftime(stamp, sizeof stamp, "%H:%M:%S", localtime(&t));
+      char every[32];
+      snprintf(every, sizeof every, "%g", a.interval);
       std::string head = std::string(tty ? "\033[H\033[2J" : (round > 0 ? "\n" : "")) + "rsock-stat " + stamp +
-                         ", every " + std::to_string(a.interval).substr(0, 4) + "s\n";
+                         ", every " + every + "s\n";
       out = head + out;
     }
     fwrite(out.data(), 1, out.size(), stdout);
