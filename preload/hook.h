@@ -11,7 +11,13 @@
 
 #include <cerrno>
 
+#include <signal.h>
+#include <sys/uio.h>
+
+#include <span>
+
 #include "socket/fd_table.h"
+#include "socket/stream.h"
 #include "util/status.h"
 #include "util/sys.h"
 
@@ -85,6 +91,20 @@ class HookScope {
  private:
   int saved_errno_;
 };
+
+// The stream that governs a tracked socket's I/O, or null (plain kernel TCP).
+inline socket::Stream* governing(const socket::SocketRef& s) {
+  socket::Stream* st = s->stream();
+  return st && st->governs() ? st : nullptr;
+}
+
+// I/O through a stream. Returns false when the stream fell back to plain
+// TCP meanwhile: the caller then does the call on the kernel as usual.
+// EPIPE raises SIGPIPE unless MSG_NOSIGNAL, as the kernel would.
+bool stream_recv(HookScope& h, const socket::SocketRef& s, std::span<const iovec> iov, int flags,
+                 ssize_t* out);
+bool stream_send(HookScope& h, const socket::SocketRef& s, std::span<const iovec> iov, int flags,
+                 ssize_t* out);
 
 // Sum of a msghdr's/mmsghdr's transferred bytes, for counters.
 ssize_t mmsg_bytes(const struct mmsghdr* m, int n);

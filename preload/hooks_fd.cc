@@ -7,6 +7,8 @@
 #include <cstdarg>
 
 #include "preload/hook.h"
+#include "socket/readiness.h"
+#include "socket/rendezvous.h"
 #include "util/stats.h"
 
 using rsock::preload::HookScope;
@@ -49,7 +51,10 @@ RSOCK_HOOK int close(int fd) noexcept {
   HookScope h;
   // Forget first: once the kernel frees the number, another thread's socket()
   // may reuse it and install its own entry, which we must not then erase.
-  if (auto* t = rsock::socket::FdTable::get_if_exists()) t->remove(fd);
+  if (auto* t = rsock::socket::FdTable::get_if_exists()) {
+    t->remove(fd);
+    rsock::socket::epoll_fd_closed(fd);  // if it was an epoll instance
+  }
   return h.pass(real().close(fd));
 }
 
@@ -102,6 +107,15 @@ RSOCK_HOOK int ioctl(int fd, unsigned long req, ...) noexcept {
   void* arg = va_arg(ap, void*);
   va_end(ap);
   HookScope h;
+  if (req == FIONREAD && arg) {
+    if (auto s = h.tracked(fd)) {
+      if (auto* st = rsock::preload::governing(s)) {
+        auto n = st->fionread();
+        if (n) *static_cast<int*>(arg) = *n;
+        if (n || n.error() != rsock::socket::kRedoPlain) return h.finish(rsock::Status<void>(n ? rsock::Status<void>() : rsock::Err(n.error())));
+      }
+    }
+  }
   int r = real().ioctl(fd, req, arg);
   if (r == 0 && req == FIONBIO && arg)
     if (auto s = h.tracked(fd)) s->set_nonblocking(*static_cast<const int*>(arg) != 0);
@@ -113,6 +127,9 @@ RSOCK_HOOK pid_t fork(void) noexcept {
   rsock::socket::before_fork();
   pid_t pid = real().fork();
   rsock::socket::after_fork();
-  if (pid == 0) rsock::stats::after_fork_child();  // the child publishes its own file
+  if (pid == 0) {
+    rsock::stats::after_fork_child();  // the child publishes its own file
+    rsock::socket::progress_after_fork_child();
+  }
   return h.pass(pid);
 }

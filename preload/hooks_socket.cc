@@ -4,6 +4,8 @@
 
 #include "preload/hook.h"
 #include "socket/process.h"
+#include "socket/readiness.h"
+#include "socket/rendezvous.h"
 #include "util/stats.h"
 
 using rsock::preload::HookScope;
@@ -44,7 +46,10 @@ static int accept_common(HookScope& h, int fd, int r, int flags) {
   if (!l && t_depth == 1) l = adopt_listener(fd);
   if (l) {
     track_new(r, l->domain(), Role::kAccepted, flags & SOCK_NONBLOCK);
-    if (auto s = socket::lookup(r)) s->open_stats(r, stats::Direction::kServer, nullptr, true);
+    if (auto s = socket::lookup(r)) {
+      s->open_stats(r, stats::Direction::kServer, nullptr, true);
+      socket::start_server_upgrade(l.get(), s.get(), r);
+    }
   } else {
     forget(r);
   }
@@ -80,7 +85,10 @@ RSOCK_HOOK int bind(int fd, const struct sockaddr* addr, socklen_t len) noexcept
 RSOCK_HOOK int listen(int fd, int backlog) noexcept {
   HookScope h;
   int r = real().listen(fd, backlog);
-  if (auto s = h.tracked(fd); s && r == 0) s->set_role(Role::kListener);
+  if (auto s = h.tracked(fd); s && r == 0) {
+    s->set_role(Role::kListener);
+    rsock::socket::listener_started(s.get(), fd);
+  }
   return h.pass(r);
 }
 
@@ -99,14 +107,24 @@ RSOCK_HOOK int connect(int fd, const struct sockaddr* addr, socklen_t len) noexc
   auto s = h.tracked(fd);
   int r = real().connect(fd, addr, len);
   if (s && (r == 0 || errno == EINPROGRESS)) {
+    int saved = errno;
     s->set_role(Role::kClient);
     s->open_stats(fd, rsock::stats::Direction::kClient, addr, r == 0);
+    if (rsock::socket::start_client_upgrade(s.get(), fd, addr))
+      rsock::socket::epoll_take_over(fd);  // registered before connect()
+    errno = saved;  // EINPROGRESS must reach the application
   }
   return h.pass(r);
 }
 
 RSOCK_HOOK int shutdown(int fd, int how) noexcept {
   HookScope h;
+  if (auto s = h.tracked(fd)) {
+    if (auto* st = rsock::preload::governing(s)) {
+      auto r = st->shutdown(how);
+      if (r.ok() || r.error() != rsock::socket::kRedoPlain) return h.finish(r);
+    }
+  }
   return h.pass(real().shutdown(fd, how));
 }
 

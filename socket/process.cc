@@ -3,8 +3,10 @@
 #include <errno.h>  // program_invocation_short_name
 
 #include <atomic>
+#include <cstdlib>
 #include <new>
 
+#include "socket/rendezvous.h"
 #include "util/stats.h"
 
 namespace rsock::socket {
@@ -31,6 +33,9 @@ void init_process() {
   if (!g_config->passthrough && g_config->tunables.stats) {
     // Failure only means rsock-stat cannot see us; the library works the same.
     (void)stats::init({.enabled = true, .exe = program_invocation_short_name});
+    // Registered after the stats segment's own exit handler, so it runs
+    // first (atexit is LIFO) while the counters are still mapped.
+    atexit(log_exit_summary);
   }
   g_state.store(kLoaded, std::memory_order_release);
 }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "socket/fd_table.h"
+#include "socket/rendezvous.h"
 #include "util/stats.h"
 #include "util/sys.h"
 
@@ -26,6 +27,7 @@ void Socket::init(int domain, Role role, bool nonblocking) {
   established_.store(false, std::memory_order_relaxed);
   fd_ = -1;
   slot_ = nullptr;
+  stream_.store(nullptr, std::memory_order_relaxed);
   // Publishing the count last: a stale reader's try_ref() can only succeed
   // once the object is fully initialised.
   refs_.store(1, std::memory_order_release);
@@ -109,8 +111,11 @@ void Socket::mark_established() {
 
 void Socket::unref() {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  // Last fd closed: the connection is gone.
-  if (slot_) stats::close_conn(std::exchange(slot_, nullptr));
+  // Last fd closed: the connection is gone. An RDMA stream still has to
+  // deliver what was written: the progress thread finishes it.
+  socket_released(this);
+  if (stream()) slot_ = nullptr;  // the stream reports until it is finished
+  else if (slot_) stats::close_conn(std::exchange(slot_, nullptr));
   g_pool.push(this);
 }
 

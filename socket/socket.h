@@ -17,6 +17,8 @@
 
 namespace rsock::socket {
 
+class Stream;
+
 enum class Role : uint8_t {
   kUnknown,    // socket() done, neither listen() nor connect() yet
   kListener,   // listen() succeeded
@@ -55,6 +57,12 @@ class Socket {
   void mark_established();
   stats::ConnSlot* slot() const { return slot_; }
 
+  // The upgrade state, once the connection was found eligible (else null).
+  // Set once, before any other thread can see the socket in the fd table
+  // (connect/accept), and owned until the socket is released.
+  Stream* stream() const { return stream_.load(std::memory_order_acquire); }
+  void set_stream(Stream* st) { stream_.store(st, std::memory_order_release); }
+
   // Reference counting (see fd_table.h). try_ref fails once the count is 0:
   // the object is then free or being recycled and must not be used.
   bool try_ref();
@@ -70,6 +78,7 @@ class Socket {
   std::atomic<bool> established_{false};
   int fd_ = -1;                       // first fd, for addresses and rsock-stat
   stats::ConnSlot* slot_ = nullptr;   // owned: closed with the last reference
+  std::atomic<Stream*> stream_{nullptr};
   Socket* next_free_ = nullptr;  // pool free list link
 };
 

@@ -1,0 +1,449 @@
+// The per-process progress thread and the rendezvous registries.
+//
+// The thread drives what the application may not: rdma_cm handshakes, the
+// switch, keepalives of idle connections, incoming connect requests, and the
+// orderly close of streams whose application fds are gone. It never carries
+// application data: readers and writers drive their own stream inline and
+// sleep on its fds, so no data waits for a thread hop.
+//
+// It ticks every kBusyTickMs while any stream is still switching and every
+// kIdleTickMs otherwise; listener fds and a command eventfd wake it early.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "socket/process.h"
+#include "socket/rendezvous.h"
+#include "socket/stream.h"
+#include "transport/listener.h"
+#include "util/log.h"
+#include "util/stats.h"
+#include "util/sys.h"
+
+namespace rsock::socket {
+
+namespace {
+
+constexpr int kBusyTickMs = 1;
+constexpr int kIdleTickMs = 50;
+
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+uint16_t port_of(const sockaddr_storage& a) {
+  return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);  // same offset in v6
+}
+
+// IPs equal (IPv4-mapped IPv6 compares as IPv4).
+bool same_ip(const sockaddr* a, const sockaddr* b) {
+  auto v4 = [](const sockaddr* s, in_addr* out) {
+    if (s->sa_family == AF_INET) {
+      *out = reinterpret_cast<const sockaddr_in*>(s)->sin_addr;
+      return true;
+    }
+    auto* s6 = reinterpret_cast<const sockaddr_in6*>(s);
+    if (s->sa_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+      std::memcpy(out, &s6->sin6_addr.s6_addr[12], 4);
+      return true;
+    }
+    return false;
+  };
+  in_addr x{}, y{};
+  bool ax = v4(a, &x), by = v4(b, &y);
+  if (ax || by) return ax && by && x.s_addr == y.s_addr;
+  if (a->sa_family != AF_INET6 || b->sa_family != AF_INET6) return false;
+  return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
+                     &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr, 16) == 0;
+}
+
+bool is_loopback(const sockaddr* a) {
+  if (a->sa_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->sa_family == AF_INET6) {
+    auto& in6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&in6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&in6) && in6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+struct ListenerEntry {
+  Socket* socket;
+  uint16_t tcp_port;
+  std::unique_ptr<transport::Listener> listener;
+};
+
+struct PendingRequest {
+  transport::IncomingRequest req;
+  uint64_t expires_ns;
+};
+
+struct NegativeEntry {
+  sockaddr_storage peer;
+  uint64_t expires_ns;
+};
+
+// The registries, on the heap so that a fork child can drop the parent's
+// without running any destructor (they reference the parent's RDMA state).
+struct Registry {
+  std::mutex mu;
+  std::vector<Stream*> streams;       // governing or lingering streams
+  std::vector<Socket*> stream_owner;  // parallel: owning socket, nullptr once orphaned
+  std::vector<ListenerEntry> listeners;
+  std::vector<PendingRequest> requests;
+  int epfd = -1, cmd_fd = -1;
+  bool started = false;
+};
+// Created on first use: hooks may run before our dynamic initialisers.
+std::atomic<Registry*> g_reg_ptr{nullptr};
+Registry* reg() {
+  Registry* r = g_reg_ptr.load(std::memory_order_acquire);
+  if (r) return r;
+  auto* fresh = new Registry();
+  if (g_reg_ptr.compare_exchange_strong(r, fresh)) return fresh;
+  delete fresh;
+  return r;
+}
+#define g_mu (reg()->mu)
+#define g_streams (reg()->streams)
+#define g_stream_owner (reg()->stream_owner)
+#define g_listeners (reg()->listeners)
+#define g_requests (reg()->requests)
+#define g_epfd (reg()->epfd)
+#define g_cmd_fd (reg()->cmd_fd)
+#define g_started (reg()->started)
+
+void poke() {
+  uint64_t one = 1;
+  if (g_cmd_fd >= 0) (void)!sys::libc.write(g_cmd_fd, &one, sizeof one);
+}
+
+void* thread_main(void*);
+
+// Under g_mu.
+bool ensure_thread() {
+  if (g_started) return true;
+  g_epfd = sys::libc.epoll_create1(EPOLL_CLOEXEC);
+  g_cmd_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (g_epfd < 0 || g_cmd_fd < 0) return false;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = g_cmd_fd;
+  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, g_cmd_fd, &ev);
+  // The thread must not keep a process alive nor receive its signals.
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_t tid;
+  int rc = pthread_create(&tid, &attr, thread_main, nullptr);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) return false;
+  pthread_setname_np(tid, "rsock-progress");
+  g_started = true;
+  return true;
+}
+
+// Under g_mu: pairs a connect request with an accepted, pending server stream.
+bool try_match(transport::IncomingRequest& req) {
+  wire::RendezvousRequest rq{};
+  auto pl = req.payload();
+  if (pl.size() < sizeof rq) return false;
+  std::memcpy(&rq, pl.data(), sizeof rq);
+  for (size_t i = 0; i < g_streams.size(); i++) {
+    Stream* st = g_streams[i];
+    if (st->client() || st->phase() != Phase::kPending || st->progress_fd() >= 0) continue;
+    if (!g_stream_owner[i]) continue;
+    const auto& peer = st->peer();
+    const auto& local = st->local();
+    if (reinterpret_cast<const sockaddr_in*>(&peer)->sin_port != rq.client_port ||
+        reinterpret_cast<const sockaddr_in*>(&local)->sin_port != rq.server_port)
+      continue;
+    // The rdma_cm peer must be the TCP peer's host.
+    if (!same_ip(req.peer_addr(), reinterpret_cast<const sockaddr*>(&peer))) continue;
+    // Server listeners are looked up by the same table under g_mu.
+    for (auto& l : g_listeners) {
+      uint16_t rport = static_cast<uint16_t>(l.tcp_port + process_config().tunables.port_offset);
+      if (l.listener && l.listener->port() == rport && l.tcp_port == ntohs(rq.server_port)) {
+        wire::RendezvousReply rep{wire::kRendezvousMagic, wire::kRendezvousVersion, {}, st->cookie()};
+        auto c = l.listener->accept(std::move(req), std::as_bytes(std::span(&rep, 1)));
+        if (!c) {
+          stats::count_handshake_error();
+          return true;  // request consumed (rejected by accept failure)
+        }
+        st->attach_accepted(std::move(*c), rq.cookie);
+        poke();
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+void service_listeners(uint64_t now) {
+  uint64_t ttl = uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+  for (auto& l : g_listeners) {
+    if (!l.listener) continue;
+    for (;;) {
+      auto r = l.listener->next_request();
+      if (!r) break;
+      wire::RendezvousRequest rq{};
+      auto pl = r->payload();
+      if (pl.size() < sizeof rq) {
+        l.listener->reject(std::move(*r), transport::RejectReason::kBadVersion);
+        continue;
+      }
+      std::memcpy(&rq, pl.data(), sizeof rq);
+      if (rq.magic != wire::kRendezvousMagic || rq.version != wire::kRendezvousVersion) {
+        l.listener->reject(std::move(*r), transport::RejectReason::kBadVersion);
+        continue;
+      }
+      // It may arrive before the application accepts the TCP connection.
+      if (!try_match(*r)) g_requests.push_back({std::move(*r), now + ttl});
+    }
+  }
+  for (size_t i = 0; i < g_requests.size();) {
+    if (!g_requests[i].req.valid() || try_match(g_requests[i].req)) {
+      g_requests.erase(g_requests.begin() + long(i));
+    } else if (now > g_requests[i].expires_ns) {
+      // Unknown connection: dropping the request rejects it (kRefused).
+      g_requests.erase(g_requests.begin() + long(i));
+    } else {
+      i++;
+    }
+  }
+}
+
+void* thread_main(void*) {
+  epoll_event evs[16];
+  for (;;) {
+    bool busy = false;
+    {
+      std::lock_guard lk(g_mu);
+      uint64_t now = now_ns();
+      service_listeners(now);
+      for (size_t i = 0; i < g_streams.size();) {
+        Stream* st = g_streams[i];
+        if (!g_stream_owner[i]) {
+          if (st->linger_done()) {
+            delete st;
+            g_streams.erase(g_streams.begin() + long(i));
+            g_stream_owner.erase(g_stream_owner.begin() + long(i));
+            continue;
+          }
+          busy = true;
+        } else {
+          Phase p = st->phase();
+          if (p == Phase::kPending || p == Phase::kSwitching) busy = true;
+          (void)st->advance(/*block=*/false);
+        }
+        i++;
+      }
+      busy = busy || !g_requests.empty();
+    }
+    int n = sys::libc.epoll_wait(g_epfd, evs, 16, busy ? kBusyTickMs : kIdleTickMs);
+    for (int i = 0; i < n; i++) {
+      if (evs[i].data.fd == g_cmd_fd) {
+        uint64_t v;
+        (void)!sys::libc.read(g_cmd_fd, &v, sizeof v);
+      }
+    }
+  }
+  return nullptr;
+}
+
+bool eligible(config::Direction dir, const sockaddr* addr) {
+  if (!rdma_available() || is_loopback(addr)) return false;
+  return process_config().decide(dir, addr) == config::Action::kRdma;
+}
+
+Stream* new_stream(Socket* s, int fd, bool client, const sockaddr_storage& local,
+                   const sockaddr_storage& peer) {
+  int dupfd = sys::libc.fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (dupfd < 0) return nullptr;
+  auto* st = new (std::nothrow) Stream(dupfd, client, local, peer, s->slot());
+  if (!st) {
+    sys::libc.close(dupfd);
+    return nullptr;
+  }
+  std::lock_guard lk(g_mu);
+  if (!ensure_thread()) {
+    delete st;
+    return nullptr;
+  }
+  g_streams.push_back(st);
+  g_stream_owner.push_back(s);
+  return st;
+}
+
+}  // namespace
+
+std::vector<NegativeEntry> g_negative;
+
+// The negative cache has its own lock: streams record failures while holding
+// their own lock, which must never wait for the registry's.
+std::mutex g_neg_mu;
+
+bool negative_cache_hit(const sockaddr_storage& peer) {
+  std::lock_guard lk(g_neg_mu);
+  uint64_t now = now_ns();
+  for (auto& e : g_negative)
+    if (e.expires_ns > now && port_of(e.peer) == port_of(peer) &&
+        same_ip(reinterpret_cast<const sockaddr*>(&e.peer), reinterpret_cast<const sockaddr*>(&peer)))
+      return true;
+  return false;
+}
+
+void negative_cache_add(const sockaddr_storage& peer) {
+  uint64_t exp = now_ns() + uint64_t{process_config().tunables.negative_cache_ttl_s} * 1000000000;
+  std::lock_guard lk(g_neg_mu);
+  uint64_t now = now_ns();
+  std::erase_if(g_negative, [&](const NegativeEntry& e) { return e.expires_ns <= now; });
+  if (g_negative.size() < 4096) g_negative.push_back({peer, exp});
+}
+
+Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
+  if (s->stream() || !eligible(config::Direction::kClient, peer_addr)) return nullptr;
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof local;
+  if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return nullptr;
+  std::memcpy(&peer, peer_addr, std::min<size_t>(sizeof peer, peer_addr->sa_family == AF_INET
+                                                                    ? sizeof(sockaddr_in)
+                                                                    : sizeof(sockaddr_in6)));
+  if (negative_cache_hit(peer)) {
+    stats::set_fallback(s->slot(), stats::FallbackReason::kNegativeCache);
+    return nullptr;
+  }
+  Stream* st = new_stream(s, fd, true, local, peer);
+  if (!st) return nullptr;
+  s->set_stream(st);
+  st->start_client();
+  std::lock_guard lk(g_mu);
+  poke();
+  return st;
+}
+
+Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
+  {
+    std::lock_guard lk(g_mu);
+    bool has = std::any_of(g_listeners.begin(), g_listeners.end(),
+                           [&](const ListenerEntry& e) { return e.socket == listener && e.listener; });
+    if (!has) return nullptr;
+  }
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof local, pl = sizeof peer;
+  if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+      sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+    return nullptr;
+  if (!eligible(config::Direction::kServer, reinterpret_cast<sockaddr*>(&local))) return nullptr;
+  Stream* st = new_stream(s, fd, false, local, peer);
+  if (!st) return nullptr;
+  s->set_stream(st);
+  std::lock_guard lk(g_mu);
+  poke();  // a request may already be waiting for this connection
+  return st;
+}
+
+void listener_started(Socket* s, int fd) {
+  sockaddr_storage local{};
+  socklen_t ll = sizeof local;
+  if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return;
+  auto* la = reinterpret_cast<sockaddr*>(&local);
+  if (!rdma_available() || process_config().decide(config::Direction::kServer, la) !=
+                               config::Action::kRdma)
+    return;
+  std::lock_guard lk(g_mu);
+  for (auto& e : g_listeners)
+    if (e.socket == s) return;  // listen() again on the same socket
+  uint16_t port = port_of(local);
+  sockaddr_storage raddr = local;
+  reinterpret_cast<sockaddr_in*>(&raddr)->sin_port =
+      htons(static_cast<uint16_t>(port + process_config().tunables.port_offset));
+  auto l = transport::Listener::listen(reinterpret_cast<sockaddr*>(&raddr), process_config().tunables);
+  if (!l) {
+    LOG_INFO("no rdma_cm listener for TCP port %u (%s): its connections stay on TCP", port,
+             strerror(l.error()));
+    return;
+  }
+  if (!ensure_thread()) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = (*l)->fd();
+  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
+  g_listeners.push_back({s, port, std::move(*l)});
+}
+
+void socket_released(Socket* s) {
+  Stream* st = s->stream();
+  std::lock_guard lk(g_mu);
+  for (size_t i = 0; i < g_listeners.size(); i++) {
+    if (g_listeners[i].socket == s) {
+      sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, g_listeners[i].listener->fd(), nullptr);
+      g_listeners.erase(g_listeners.begin() + long(i));
+      break;
+    }
+  }
+  if (!st) return;
+  for (size_t i = 0; i < g_streams.size(); i++) {
+    if (g_streams[i] == st) {
+      st->orphan();
+      g_stream_owner[i] = nullptr;  // the thread finishes and deletes it
+      poke();
+      return;
+    }
+  }
+}
+
+void log_exit_summary() {
+  stats::ProcessCounters* pc = stats::process();
+  if (!pc || log::level() < log::Level::kInfo) return;
+  constexpr int kTcp = int(stats::Transport::kTcp), kRdma = int(stats::Transport::kRdma);
+  uint64_t tx[2] = {pc->closed.tx_bytes[kTcp].load(), pc->closed.tx_bytes[kRdma].load()};
+  uint64_t rx[2] = {pc->closed.rx_bytes[kTcp].load(), pc->closed.rx_bytes[kRdma].load()};
+  {
+    std::lock_guard lk(g_mu);
+    for (Stream* st : g_streams) {
+      if (stats::ConnSlot* sl = st->slot()) {
+        for (int t : {kTcp, kRdma}) {
+          tx[t] += sl->traffic.tx_bytes[t].load(std::memory_order_relaxed);
+          rx[t] += sl->traffic.rx_bytes[t].load(std::memory_order_relaxed);
+        }
+      }
+    }
+  }
+  uint64_t fallbacks = 0;
+  for (auto& f : pc->fallbacks) fallbacks += f.load();
+  LOG_INFO("summary: connections=%llu upgraded=%llu fallbacks=%llu rdma_tx=%llu rdma_rx=%llu "
+           "tcp_tx=%llu tcp_rx=%llu (bytes: closed connections and live upgraded ones)",
+           (unsigned long long)pc->conns_seen.load(), (unsigned long long)pc->conns_upgraded.load(),
+           (unsigned long long)fallbacks, (unsigned long long)tx[kRdma],
+           (unsigned long long)rx[kRdma], (unsigned long long)tx[kTcp], (unsigned long long)rx[kTcp]);
+}
+
+void progress_after_fork_child() {
+  // The child has no progress thread and must not touch the parent's RDMA
+  // resources (verbs objects do not survive fork). Leak the parent's
+  // registries unseen and detach every stream the child inherited.
+  Registry* old = g_reg_ptr.load();
+  g_reg_ptr.store(new Registry());
+  if (!old) return;
+  for (size_t i = 0; i < old->streams.size(); i++)
+    if (old->stream_owner[i]) old->streams[i]->detach_after_fork();
+}
+
+}  // namespace rsock::socket

@@ -1,0 +1,517 @@
+// poll/select/epoll emulation for upgraded sockets (see readiness.h).
+#include "socket/readiness.h"
+
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "socket/fd_table.h"
+#include "socket/process.h"
+#include "socket/stream.h"
+#include "util/sys.h"
+
+namespace rsock::socket {
+
+namespace {
+
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+// Deadline arithmetic for timeouts given as timespec (null: forever).
+struct Deadline {
+  explicit Deadline(const timespec* t)
+      : forever(!t), end(t ? now_ns() + uint64_t(t->tv_sec) * 1000000000ull + uint64_t(t->tv_nsec) : 0) {}
+  bool expired() const { return !forever && now_ns() >= end; }
+  // Remaining time for ppoll/epoll_pwait2 (null when forever).
+  const timespec* left(timespec* buf) const {
+    if (forever) return nullptr;
+    uint64_t now = now_ns(), rem = now >= end ? 0 : end - now;
+    buf->tv_sec = time_t(rem / 1000000000ull);
+    buf->tv_nsec = long(rem % 1000000000ull);
+    return buf;
+  }
+  bool zero() const { return !forever && end <= now_ns(); }
+  bool forever;
+  uint64_t end;
+};
+
+Stream* governing_stream(const SocketRef& s) {
+  if (!s) return nullptr;
+  Stream* st = s->stream();
+  return st && st->governs() ? st : nullptr;
+}
+
+// Busy-poll the streams for spin_us before sleeping, when any is on RDMA:
+// an answer usually comes back sooner than a sleep/wakeup round trip.
+template <typename Check>
+bool spin(const std::vector<Stream*>& streams, Check&& ready) {
+  uint32_t us = process_config().tunables.spin_us;
+  if (!us || std::none_of(streams.begin(), streams.end(), [](Stream* s) { return s->on_rdma(); }))
+    return false;
+  uint64_t end = now_ns() + uint64_t{us} * 1000;
+  do {
+    if (ready()) return true;
+  } while (now_ns() < end);
+  return false;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// poll / select
+// ---------------------------------------------------------------------------
+
+Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const sigset_t* mask) {
+  // Common case first, without allocating: no upgraded socket in the set.
+  nfds_t first = n;
+  for (nfds_t i = 0; i < n && first == n; i++)
+    if (fds[i].fd >= 0 && governing_stream(lookup(fds[i].fd))) first = i;
+  if (first == n) return Err(kRedoPlain);
+  std::vector<SocketRef> refs;
+  std::vector<Stream*> streams(n, nullptr);
+  bool any = false;
+  for (nfds_t i = 0; i < n; i++) {
+    if (fds[i].fd < 0) continue;
+    SocketRef s = lookup(fds[i].fd);
+    if (Stream* st = governing_stream(s)) {
+      streams[i] = st;
+      refs.push_back(std::move(s));  // keeps the stream alive for the call
+      any = true;
+    }
+  }
+  if (!any) return Err(kRedoPlain);
+  std::vector<Stream*> active;
+  for (Stream* st : streams)
+    if (st) active.push_back(st);
+
+  Deadline dl(timeout);
+  std::vector<pollfd> kfds;
+  std::vector<nfds_t> kidx;
+  auto scan = [&]() -> int {
+    int ready = 0;
+    kfds.clear();
+    kidx.clear();
+    for (nfds_t i = 0; i < n; i++) {
+      fds[i].revents = 0;
+      if (streams[i]) {
+        streams[i]->consume_wake();
+        short ev = streams[i]->poll_events(fds[i].events);
+        if (ev >= 0) {
+          fds[i].revents = ev;
+          if (ev) ready++;
+          continue;
+        }
+        streams[i] = nullptr;  // fell back to TCP meanwhile: the kernel answers
+      }
+      kfds.push_back(fds[i]);
+      kidx.push_back(i);
+    }
+    if (!kfds.empty() && sys::libc.poll(kfds.data(), kfds.size(), 0) > 0) {
+      for (size_t k = 0; k < kfds.size(); k++) {
+        fds[kidx[k]].revents = kfds[k].revents;
+        if (kfds[k].revents) ready++;
+      }
+    }
+    return ready;
+  };
+  for (;;) {
+    int ready = scan();
+    if (ready || dl.zero()) return ready;
+    if (spin(active, [&] { return (ready = scan()) > 0; })) return ready;
+    // Sleep on the kernel fds plus each stream's own fds.
+    std::vector<pollfd> wait(kfds);
+    for (nfds_t i = 0; i < n; i++) {
+      if (!streams[i]) continue;
+      pollfd w[3];
+      int k = streams[i]->wait_fds(fds[i].events, w);
+      wait.insert(wait.end(), w, w + k);
+      streams[i]->sleep_begin();
+    }
+    timespec buf;
+    int r = sys::libc.ppoll(wait.data(), wait.size(), dl.left(&buf), mask);
+    int err = errno;
+    for (nfds_t i = 0; i < n; i++)
+      if (streams[i]) streams[i]->sleep_end();
+    if (r < 0) return Err(err);
+    if (r == 0 && dl.expired()) return scan();
+  }
+}
+
+Status<int> select_emulated(int nfds, fd_set* r, fd_set* w, fd_set* e, timespec* timeout,
+                            const sigset_t* mask) {
+  if (nfds < 0 || nfds > FD_SETSIZE) return Err(kRedoPlain);  // the kernel says EINVAL
+  bool any = false;
+  std::vector<pollfd> p;
+  for (int fd = 0; fd < nfds; fd++) {
+    short ev = 0;
+    if (r && FD_ISSET(fd, r)) ev |= POLLIN;
+    if (w && FD_ISSET(fd, w)) ev |= POLLOUT;
+    if (e && FD_ISSET(fd, e)) ev |= POLLPRI;
+    if (!ev) continue;
+    if (!any && governing_stream(lookup(fd))) any = true;
+    p.push_back({fd, ev, 0});
+  }
+  if (!any) return Err(kRedoPlain);
+  Deadline dl(timeout);
+  auto res = poll_emulated(p.data(), p.size(), timeout, mask);
+  if (!res) return res;
+  for (auto& x : p)
+    if (x.revents & POLLNVAL) return Err(EBADF);
+  if (r) FD_ZERO(r);
+  if (w) FD_ZERO(w);
+  if (e) FD_ZERO(e);
+  int count = 0;
+  for (auto& x : p) {
+    // The kernel's select maps readiness exactly like this (fs/select.c).
+    if ((x.events & POLLIN) && (x.revents & (POLLIN | POLLHUP | POLLERR))) FD_SET(x.fd, r), count++;
+    if ((x.events & POLLOUT) && (x.revents & (POLLOUT | POLLERR))) FD_SET(x.fd, w), count++;
+    if ((x.events & POLLPRI) && (x.revents & POLLPRI)) FD_SET(x.fd, e), count++;
+  }
+  if (timeout) {
+    timespec buf;
+    const timespec* left = dl.left(&buf);
+    *timeout = left ? *left : timespec{};
+  }
+  return count;
+}
+
+// ---------------------------------------------------------------------------
+// epoll
+// ---------------------------------------------------------------------------
+
+namespace {
+
+struct Reg {
+  int fd;
+  Socket* sock;          // one reference held while registered
+  uint32_t events;       // the application's mask (with EPOLLET/EPOLLONESHOT)
+  epoll_data_t data;
+  bool user = false;     // true: lives here (upgraded); false: in the kernel
+  bool disarmed = false; // EPOLLONESHOT fired, waiting for EPOLL_CTL_MOD
+  uint64_t last_gen = ~0ull;
+  int wake_fd = -1, conn_fd = -1;  // internal fds added to the kernel set
+};
+
+struct EpollSet {
+  std::mutex mu;
+  std::vector<Reg> regs;
+  int user_count = 0;
+};
+
+// Marks librsock's own registrations in a kernel epoll set. Constant, not
+// random: it only has to differ from what applications store, and a hook
+// may run before any initialiser of ours.
+constexpr uint64_t g_cookie = 0x72736f636b5f6576ull;  // "rsock_ev"
+
+// epfd -> EpollSet. Sets are never freed (epoll fds are few and long-lived),
+// so a racing reader never sees freed memory. Mapped on first use.
+constexpr size_t kMaxEpfd = 1 << 20;
+std::atomic<std::atomic<EpollSet*>*> g_sets_ptr{nullptr};
+std::atomic<EpollSet*>* sets() {
+  auto* p = g_sets_ptr.load(std::memory_order_acquire);
+  if (p) return p;
+  void* m = mmap(nullptr, kMaxEpfd * sizeof(std::atomic<EpollSet*>), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  auto* fresh = static_cast<std::atomic<EpollSet*>*>(m);
+  if (g_sets_ptr.compare_exchange_strong(p, fresh)) return fresh;
+  munmap(m, kMaxEpfd * sizeof(std::atomic<EpollSet*>));
+  return p;
+}
+
+// Every set ever created, for epoll_take_over().
+std::mutex g_all_mu;
+std::vector<std::pair<int, EpollSet*>> g_all;  // constant-initialised
+
+EpollSet* set_of(int epfd) {
+  auto* table = g_sets_ptr.load(std::memory_order_acquire);
+  if (!table || epfd < 0 || size_t(epfd) >= kMaxEpfd) return nullptr;
+  return table[epfd].load(std::memory_order_acquire);
+}
+
+EpollSet* set_for(int epfd) {
+  auto* g_sets = sets();
+  if (!g_sets || epfd < 0 || size_t(epfd) >= kMaxEpfd) return nullptr;
+  EpollSet* s = g_sets[epfd].load(std::memory_order_acquire);
+  if (s) return s;
+  auto* fresh = new (std::nothrow) EpollSet();
+  if (!fresh) return nullptr;
+  if (!g_sets[epfd].compare_exchange_strong(s, fresh)) {
+    delete fresh;
+    return s;
+  }
+  std::lock_guard lk(g_all_mu);
+  g_all.push_back({epfd, fresh});
+  return fresh;
+}
+
+void add_internal(int epfd, int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = g_cookie;
+  sys::libc.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
+}
+
+// Under set->mu: the registration moves to user space (its socket upgraded).
+void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
+  sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.fd, nullptr);
+  r.user = true;
+  r.last_gen = ~0ull;
+  set->user_count++;
+  r.wake_fd = st->wake_fd();
+  add_internal(epfd, r.wake_fd);
+}
+
+// Under set->mu: back to the kernel (the upgrade fell back to TCP).
+void to_kernel(EpollSet* set, int epfd, Reg& r) {
+  if (r.wake_fd >= 0) sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.wake_fd, nullptr);
+  if (r.conn_fd >= 0) sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.conn_fd, nullptr);
+  r.wake_fd = r.conn_fd = -1;
+  r.user = false;
+  set->user_count--;
+  if (!r.disarmed) {
+    epoll_event ev{r.events, r.data};
+    sys::libc.epoll_ctl(epfd, EPOLL_CTL_ADD, r.fd, &ev);
+  }
+}
+
+void drop(EpollSet* set, int epfd, size_t i) {
+  Reg& r = set->regs[i];
+  if (r.user) {
+    if (r.wake_fd >= 0) sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.wake_fd, nullptr);
+    if (r.conn_fd >= 0) sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.conn_fd, nullptr);
+    set->user_count--;
+  }
+  r.sock->unref();
+  set->regs.erase(set->regs.begin() + long(i));
+}
+
+Reg* find(EpollSet* set, int fd) {
+  for (auto& r : set->regs)
+    if (r.fd == fd) return &r;
+  return nullptr;
+}
+
+short to_poll(uint32_t e) {
+  short p = 0;
+  if (e & (EPOLLIN | EPOLLRDNORM)) p |= POLLIN;
+  if (e & (EPOLLOUT | EPOLLWRNORM)) p |= POLLOUT;
+  if (e & EPOLLRDHUP) p |= POLLRDHUP;
+  if (e & EPOLLPRI) p |= POLLPRI;
+  return p;
+}
+
+uint32_t to_epoll(short p) {
+  uint32_t e = 0;
+  if (p & POLLIN) e |= EPOLLIN;
+  if (p & POLLOUT) e |= EPOLLOUT;
+  if (p & POLLRDHUP) e |= EPOLLRDHUP;
+  if (p & POLLHUP) e |= EPOLLHUP;
+  if (p & POLLERR) e |= EPOLLERR;
+  if (p & POLLPRI) e |= EPOLLPRI;
+  return e;
+}
+
+// Under set->mu: keeps registrations in step with their sockets and returns
+// the user-space events that are due. `streams` collects the live streams.
+int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stream*>* streams) {
+  int n = 0;
+  for (size_t i = 0; i < set->regs.size();) {
+    Reg& r = set->regs[i];
+    // The fd was closed (or now names another socket): the kernel forgot it.
+    SocketRef now = lookup(r.fd);
+    if (now.get() != r.sock) {
+      drop(set, epfd, i);
+      continue;
+    }
+    Stream* st = governing_stream(now);
+    if (r.user && !st) {
+      to_kernel(set, epfd, r);
+    } else if (!r.user && st) {
+      to_user(set, epfd, r, st);
+    }
+    if (r.user && st) {
+      if (streams) streams->push_back(st);
+      if (int cfd = st->progress_fd(); cfd != r.conn_fd) {
+        if (r.conn_fd >= 0) sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.conn_fd, nullptr);
+        r.conn_fd = cfd;
+        if (cfd >= 0) add_internal(epfd, cfd);
+      }
+      if (!r.disarmed && n < max) {
+        st->consume_wake();
+        short ev = st->poll_events(to_poll(r.events));
+        uint64_t gen = st->generation();
+        bool due = ev > 0 && (!(r.events & EPOLLET) || gen != r.last_gen);
+        if (ev < 0) {
+          to_kernel(set, epfd, r);
+        } else if (due) {
+          out[n].events = to_epoll(ev);
+          out[n].data = r.data;
+          n++;
+          r.last_gen = gen;
+          if (r.events & EPOLLONESHOT) r.disarmed = true;
+        }
+      }
+    }
+    i++;
+  }
+  return n;
+}
+
+}  // namespace
+
+Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
+  SocketRef s = lookup(fd);
+  if (!s) return Err(kRedoPlain);
+  EpollSet* set = op == EPOLL_CTL_ADD ? set_for(epfd) : set_of(epfd);
+  if (!set) return Err(kRedoPlain);
+  std::lock_guard lk(set->mu);
+  Reg* r = find(set, fd);
+  if (r && r->sock != s.get()) {
+    // Stale entry of a closed fd whose number was reused.
+    drop(set, epfd, size_t(r - set->regs.data()));
+    r = nullptr;
+  }
+  if (r && r->user) {
+    // The kernel does not hold this registration: emulate its answers.
+    if (op == EPOLL_CTL_ADD) return Err(EEXIST);
+    if (op == EPOLL_CTL_DEL) {
+      drop(set, epfd, size_t(r - set->regs.data()));
+      return 0;
+    }
+    if (op == EPOLL_CTL_MOD) {
+      if (!ev) return Err(EFAULT);
+      if (ev->events & EPOLLEXCLUSIVE) return Err(EINVAL);
+      r->events = ev->events;
+      r->data = ev->data;
+      r->disarmed = false;
+      r->last_gen = ~0ull;
+      uint64_t one = 1;  // a waiter must re-check with the new mask
+      (void)!sys::libc.write(r->wake_fd, &one, sizeof one);
+      return 0;
+    }
+    return Err(EINVAL);
+  }
+  // The kernel validates and holds it (possibly only until collect() moves it).
+  if (sys::libc.epoll_ctl(epfd, op, fd, ev) != 0) return Err(errno);
+  if (op == EPOLL_CTL_ADD) {
+    s->ref();
+    set->regs.push_back({fd, s.get(), ev->events, ev->data});
+    if (Stream* st = governing_stream(s)) to_user(set, epfd, set->regs.back(), st);
+  } else if (r && op == EPOLL_CTL_DEL) {
+    drop(set, epfd, size_t(r - set->regs.data()));
+  } else if (r && op == EPOLL_CTL_MOD) {
+    r->events = ev->events;
+    r->data = ev->data;
+    r->disarmed = false;
+  }
+  return 0;
+}
+
+Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timespec* timeout,
+                                const sigset_t* mask) {
+  EpollSet* set = set_of(epfd);
+  if (!set || max <= 0) return Err(kRedoPlain);
+  {
+    std::lock_guard lk(set->mu);
+    if (set->regs.empty()) return Err(kRedoPlain);
+  }
+  Deadline dl(timeout);
+  std::vector<Stream*> streams;
+  for (;;) {
+    int n;
+    {
+      std::lock_guard lk(set->mu);
+      streams.clear();
+      n = collect(set, epfd, ev, max, &streams);
+    }
+    if (n < max) {
+      // Kernel-held registrations, without sleeping if we already have some.
+      timespec zero{}, buf;
+      const timespec* t = n ? &zero : (streams.empty() ? dl.left(&buf) : &zero);
+      int k = sys::libc.epoll_pwait2(epfd, ev + n, max - n, t, mask);
+      if (k < 0 && errno == ENOSYS) {
+        int ms = t ? int(t->tv_sec * 1000 + t->tv_nsec / 1000000) : -1;
+        k = sys::libc.epoll_pwait(epfd, ev + n, max - n, ms, mask);
+      }
+      if (k < 0) {
+        if (n) return n;
+        return Err(errno);
+      }
+      n += epoll_filter_internal(epfd, ev + n, k);
+    }
+    if (n || dl.zero()) return n;
+    if (streams.empty()) continue;  // only internal wakeups: re-collect
+    if (spin(streams, [&] {
+          std::lock_guard lk(set->mu);
+          return (n = collect(set, epfd, ev, max, nullptr)) > 0;
+        }))
+      return n;
+    // Sleep in the kernel: the streams' wake and connection fds are in the set.
+    for (Stream* st : streams) st->sleep_begin();
+    timespec buf;
+    const timespec* t = dl.left(&buf);
+    int k = sys::libc.epoll_pwait2(epfd, ev, max, t, mask);
+    if (k < 0 && errno == ENOSYS) {
+      int ms = t ? int(t->tv_sec * 1000 + t->tv_nsec / 1000000) : -1;
+      k = sys::libc.epoll_pwait(epfd, ev, max, ms, mask);
+    }
+    int err = errno;
+    for (Stream* st : streams) st->sleep_end();
+    if (k < 0) return Err(err);
+    k = epoll_filter_internal(epfd, ev, k);
+    // Kernel events of plain fds are returned with any user ones due now.
+    if (k > 0) {
+      std::lock_guard lk(set->mu);
+      int m = collect(set, epfd, ev + k, max - k, nullptr);
+      return k + m;
+    }
+    if (dl.expired()) {
+      std::lock_guard lk(set->mu);
+      return collect(set, epfd, ev, max, nullptr);
+    }
+  }
+}
+
+int epoll_filter_internal(int epfd, epoll_event* ev, int n) {
+  if (n <= 0 || !set_of(epfd)) return n;
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (ev[i].data.u64 != g_cookie) ev[k++] = ev[i];
+  return k;
+}
+
+void epoll_fd_closed(int fd) {
+  EpollSet* set = set_of(fd);
+  if (!set) return;
+  std::lock_guard lk(set->mu);
+  while (!set->regs.empty()) {
+    set->regs.back().user = false;  // the kernel instance is gone with its fds
+    drop(set, -1, set->regs.size() - 1);
+  }
+  set->user_count = 0;
+}
+
+void epoll_take_over(int fd) {
+  SocketRef s = lookup(fd);
+  Stream* st = governing_stream(s);
+  if (!st) return;
+  std::lock_guard all(g_all_mu);
+  for (auto& [epfd, set] : g_all) {
+    std::lock_guard lk(set->mu);
+    Reg* r = find(set, fd);
+    if (r && !r->user && r->sock == s.get()) to_user(set, epfd, *r, st);
+  }
+  st->wake();  // a waiter already asleep in one of those sets re-collects
+}
+
+}  // namespace rsock::socket

@@ -1,0 +1,48 @@
+// poll/select/epoll over any mix of kernel fds and upgraded sockets.
+//
+// An upgraded socket's readiness lives in user space (its staging buffer,
+// its RDMA rings): the kernel TCP socket is idle. Waiters therefore sleep on
+// the socket's own fds (its wake eventfd, its RDMA connection's event fd and,
+// while part of its data is still on TCP, the TCP socket) and recompute
+// readiness in user space when woken. No thread sits between the RDMA
+// completion and the application: the completion wakes the waiter directly.
+//
+// epoll: an epoll instance that ever held a tracked socket gets an EpollSet
+// (socket/readiness.cc) recording every tracked registration. Registrations
+// of upgraded sockets live in user space (the kernel instance holds their
+// wake fds instead, under an internal cookie); the others stay in the kernel
+// and are handed back to it if an upgrade falls back to TCP.
+#pragma once
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <time.h>
+
+#include "util/status.h"
+
+namespace rsock::socket {
+
+// Err(kRedoPlain) when no fd in the set is an upgraded socket: the caller
+// then uses the kernel's call unchanged.
+Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const sigset_t* mask);
+Status<int> select_emulated(int nfds, fd_set* r, fd_set* w, fd_set* e, timespec* timeout,
+                            const sigset_t* mask);
+
+// epoll_ctl on a tracked socket fd; the kernel call has NOT been made yet.
+Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev);
+// epoll_wait family; Err(kRedoPlain) when epfd has no user-space registrations
+// (the caller calls the kernel, then epoll_filter_internal()).
+Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timespec* timeout,
+                                const sigset_t* mask);
+// Drops librsock's own wake events from a kernel epoll_wait result.
+int epoll_filter_internal(int epfd, epoll_event* ev, int n);
+// An epoll fd or a socket fd was closed.
+void epoll_fd_closed(int fd);
+
+// A socket just started an upgrade: move its kernel epoll registrations to
+// user space.
+void epoll_take_over(int fd);
+
+}  // namespace rsock::socket

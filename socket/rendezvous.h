@@ -1,0 +1,39 @@
+// Rendezvous: deciding which TCP connections try RDMA, and pairing the
+// rdma_cm connection with the right TCP connection (socket/upgrade_wire.h).
+//
+// All registries live in the progress thread's state (socket/progress.cc);
+// these are the entry points the hooks call.
+#pragma once
+
+#include <sys/socket.h>
+
+#include "socket/socket.h"
+
+namespace rsock::socket {
+
+class Stream;
+
+// A tracked socket's connect() was issued (r == 0 or EINPROGRESS): start an
+// upgrade if the connection is eligible. Returns the stream, or nullptr.
+Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer);
+// accept() returned fd on a listener that has an rdma_cm listener.
+Stream* start_server_upgrade(Socket* listener, Socket* s, int fd);
+// listen() succeeded on a tracked socket: open its rdma_cm listener if the
+// config allows RDMA for it.
+void listener_started(Socket* s, int fd);
+// The socket is being freed: drop its rdma_cm listener and hand its stream
+// (if any) to the progress thread for an orderly close.
+void socket_released(Socket* s);
+
+// Peers that refused or did not answer, skipped for negative_cache_ttl_s.
+bool negative_cache_hit(const sockaddr_storage& peer);
+void negative_cache_add(const sockaddr_storage& peer);
+
+// One line at exit (log level info): connections, upgrades, fallbacks and
+// bytes per transport. Tests use it to prove traffic really went over RDMA.
+void log_exit_summary();
+
+// fork(): the child has no progress thread; it keeps only kernel TCP.
+void progress_after_fork_child();
+
+}  // namespace rsock::socket

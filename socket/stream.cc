@@ -1,0 +1,454 @@
+// Stream lifecycle and the switch protocol (socket/upgrade_wire.h).
+#include "socket/stream.h"
+
+#include <infiniband/verbs.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <new>
+
+#include "socket/process.h"
+#include "socket/rendezvous.h"
+#include "util/log.h"
+#include "util/stats.h"
+#include "util/sys.h"
+
+namespace rsock::socket {
+
+namespace {
+
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+uint64_t random_cookie() {
+  uint64_t c = 0;
+  while (c == 0) {
+    if (getrandom(&c, sizeof c, 0) != sizeof c) c = now_ns() * 0x9e3779b97f4a7c15ull;
+  }
+  return c;
+}
+
+}  // namespace
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::kPending: return "pending";
+    case Phase::kSwitching: return "switching";
+    case Phase::kRdma: return "rdma";
+    case Phase::kPlain: return "tcp";
+    case Phase::kBroken: return "broken";
+  }
+  return "?";
+}
+
+std::atomic<int> g_streams_alive{0};
+
+bool rdma_available() {
+  static const bool kAvailable = [] {
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    if (list) ibv_free_device_list(list);
+    return n > 0;
+  }();
+  return kAvailable;
+}
+
+Stream::Stream(int tcp_fd, bool client, const sockaddr_storage& local,
+               const sockaddr_storage& peer, stats::ConnSlot* slot)
+    : tcp_fd_(tcp_fd), client_(client), local_(local), peer_(peer), slot_(slot) {
+  g_streams_alive.fetch_add(1, std::memory_order_relaxed);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  my_cookie_ = random_cookie();
+  deadline_ns_ = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+  stats::set_state(slot_, stats::ConnState::kUpgrading);
+}
+
+Stream::~Stream() {
+  g_streams_alive.fetch_sub(1, std::memory_order_relaxed);
+  conn_.reset();
+  stats::close_conn(slot_);
+  if (wake_fd_ >= 0) sys::libc.close(wake_fd_);
+  if (tcp_fd_ >= 0) sys::libc.close(tcp_fd_);
+}
+
+int Stream::progress_fd() const { return conn_ ? conn_->fd() : -1; }
+
+void Stream::consume_wake() {
+  uint64_t v;
+  (void)!sys::libc.read(wake_fd_, &v, sizeof v);
+}
+
+void Stream::wake() {
+  gen_.fetch_add(1, std::memory_order_acq_rel);
+  uint64_t one = 1;
+  (void)!sys::libc.write(wake_fd_, &one, sizeof one);
+}
+
+void Stream::set_phase(Phase p) {
+  phase_.store(p, std::memory_order_release);
+  if (p == Phase::kPlain) governs_.store(false, std::memory_order_release);
+}
+
+void Stream::start_client() {
+  std::lock_guard lk(mu_);
+  wire::RendezvousRequest req{};
+  req.magic = wire::kRendezvousMagic;
+  req.version = wire::kRendezvousVersion;
+  req.client_port = reinterpret_cast<const sockaddr_in*>(&local_)->sin_port;  // same offset in v6
+  req.server_port = reinterpret_cast<const sockaddr_in*>(&peer_)->sin_port;
+  req.cookie = my_cookie_;
+  sockaddr_storage dst = peer_;
+  uint16_t port = ntohs(req.server_port);
+  uint16_t rport = static_cast<uint16_t>(port + process_config().tunables.port_offset);
+  reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(rport);
+  // Bind the rdma_cm source to the TCP source address: the server checks that
+  // both come from the same IP.
+  sockaddr_storage src = local_;
+  reinterpret_cast<sockaddr_in*>(&src)->sin_port = 0;
+  auto c = transport::Connection::connect(
+      reinterpret_cast<const sockaddr*>(&dst), reinterpret_cast<const sockaddr*>(&src),
+      std::as_bytes(std::span(&req, 1)), process_config().tunables);
+  if (!c) {
+    mu_.unlock();
+    fall_back(stats::FallbackReason::kResolveFailed);
+    mu_.lock();
+    return;
+  }
+  conn_ = std::move(*c);
+}
+
+void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie) {
+  std::lock_guard lk(mu_);
+  conn_ = std::move(conn);
+  peer_cookie_ = peer_cookie;
+}
+
+void Stream::fall_back(stats::FallbackReason reason) {
+  {
+    std::lock_guard lk(mu_);
+    if (phase() != Phase::kPending) return;  // too late: bytes are committed
+    conn_.reset();
+    if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
+    // Bytes read ahead are delivered through the stream before the kernel
+    // takes over again.
+    if (staging_.size() > staging_off_) plain_when_drained_ = true;
+    else set_phase(Phase::kPlain);
+  }
+  stats::set_fallback(slot_, reason);
+  LOG_DEBUG("fd %d: staying on TCP (%s)", tcp_fd_, stats::fallback_reason_name(reason));
+  wake();
+}
+
+void Stream::break_connection(int err, const char* why) {
+  LOG_WARN("upgrade of connection (fd %d) failed after the switch began: %s; resetting", tcp_fd_,
+           why);
+  err_ = err;
+  set_phase(Phase::kBroken);
+  // An RST tells the peer at once; nothing more is delivered either way.
+  linger lg{1, 0};
+  sys::libc.setsockopt(tcp_fd_, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+  sys::libc.shutdown(tcp_fd_, SHUT_RDWR);
+  if (conn_) (void)conn_->close();
+  stats::count_handshake_error();
+}
+
+bool Stream::advance(bool block) {
+  if (block) {
+    mu_.lock();
+  } else if (!mu_.try_lock()) {
+    return false;
+  }
+  bool changed = advance_locked();
+  if (changed) gen_.fetch_add(1, std::memory_order_acq_rel);
+  mu_.unlock();
+  if (changed) wake();
+  return changed;
+}
+
+void Stream::advance_inline() {
+  if (advance_locked()) {
+    gen_.fetch_add(1, std::memory_order_acq_rel);
+    if (sleepers_.load(std::memory_order_acquire) > 0) {
+      uint64_t one = 1;
+      (void)!sys::libc.write(wake_fd_, &one, sizeof one);
+    }
+  }
+}
+
+// One step of everything that can progress without blocking. Returns true on
+// a change waiters care about (phase, new data, new room, error).
+bool Stream::advance_locked() {
+  Phase p = phase();
+  if (p == Phase::kPlain || p == Phase::kBroken) return false;
+  if (!conn_) {
+    if (plain_when_drained_) return false;
+    if (p == Phase::kPending && now_ns() > deadline_ns_ && !orphaned_) {
+      mu_.unlock();
+      fall_back(stats::FallbackReason::kPeerNotRsock);
+      mu_.lock();
+      return true;
+    }
+    return false;
+  }
+  size_t before_r = conn_->readable(), before_w = conn_->writable();
+  auto st = conn_->progress();
+  if (!st) {
+    if (p == Phase::kPending) {
+      auto reason = conn_->reject_reason() != transport::RejectReason::kNone
+                        ? stats::FallbackReason::kConnectFailed
+                        : stats::FallbackReason::kResolveFailed;
+      negative_cache_add(peer_);
+      mu_.unlock();
+      fall_back(reason);
+      mu_.lock();
+      return true;
+    }
+    if (p == Phase::kSwitching) {
+      rdma_failed_during_switch();
+      return true;
+    }
+    if (!err_) err_ = st.error();
+    return true;
+  }
+  if (p == Phase::kPending) {
+    if (!conn_->established()) {
+      if (now_ns() > deadline_ns_) {
+        negative_cache_add(peer_);
+        mu_.unlock();
+        fall_back(stats::FallbackReason::kTimeout);
+        mu_.lock();
+        return true;
+      }
+      return false;
+    }
+    if (client_) {
+      // The server's cookie comes back in the accept's payload.
+      auto pl = conn_->peer_payload();
+      wire::RendezvousReply rep{};
+      if (pl.size() < sizeof rep) {
+        mu_.unlock();
+        fall_back(stats::FallbackReason::kProtocol);
+        mu_.lock();
+        return true;
+      }
+      std::memcpy(&rep, pl.data(), sizeof rep);
+      if (rep.magic != wire::kRendezvousMagic || rep.version != wire::kRendezvousVersion ||
+          rep.cookie == 0) {
+        mu_.unlock();
+        fall_back(stats::FallbackReason::kProtocol);
+        mu_.lock();
+        return true;
+      }
+      peer_cookie_ = rep.cookie;
+    }
+    enter_switching();
+    p = phase();
+  }
+  if (!rdma_dead_) handle_controls();
+  if (phase() == Phase::kSwitching) {
+    if (!rdma_dead_) write_marker();
+    drain_tcp();
+    if (phase() == Phase::kSwitching && !rdma_dead_ && verified_ &&
+        out_marker_off_ == sizeof out_marker_) {
+      set_phase(Phase::kRdma);
+      if (fin_deferred_) (void)conn_->shutdown_write();
+      stats::set_upgraded(slot_, conn_->qp_num());
+      LOG_DEBUG("fd %d: on RDMA (qp %u) after %llu/%llu TCP bytes out/in", tcp_fd_,
+                conn_->qp_num(), (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
+    }
+  }
+  return p != phase() || conn_->readable() != before_r || conn_->writable() != before_w ||
+         phase() == Phase::kSwitching;
+}
+
+// The RDMA connection died before the switch completed (typically: the peer
+// closed its socket in the middle). The TCP stream is still exact up to where
+// each side stopped, so end it as TCP would: if neither our marker has started
+// nor the peer has offered, this is a clean fallback; otherwise the peer's
+// bytes up to its offer are still delivered, followed by EOF, and our own
+// writes continue on TCP only if our marker has not started.
+void Stream::rdma_failed_during_switch() {
+  rdma_dead_ = true;
+  if (out_marker_off_ == 0) {
+    offer_sent_ = false;  // our TCP direction reopens
+    if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
+  }
+  if (out_marker_off_ == 0 && !offer_rcvd_) {
+    set_phase(Phase::kPlain);
+    stats::set_fallback(slot_, stats::FallbackReason::kPeerClosed);
+  }
+}
+
+// Server side: the bytes where the marker should be are not our marker, so
+// the RDMA peer was not our TCP peer (a forged request won the rendezvous).
+// Nothing was injected into TCP yet: those bytes are application data. Hand
+// them to the application and stay on TCP.
+void Stream::reject_forgery() {
+  LOG_WARN("fd %d: RDMA upgrade request did not come from the TCP peer; staying on TCP", tcp_fd_);
+  auto* b = reinterpret_cast<const std::byte*>(&in_marker_);
+  staging_.insert(staging_.end(), b, b + in_marker_got_);
+  in_marker_got_ = 0;
+  offer_rcvd_ = offer_sent_ = ready_rcvd_ = false;
+  offer_queued_ = ready_queued_ = false;
+  conn_.reset();
+  stats::count_handshake_error();
+  set_phase(Phase::kPending);
+  plain_when_drained_ = true;
+  stats::set_fallback(slot_, stats::FallbackReason::kProtocol);
+}
+
+void Stream::enter_switching() {
+  set_phase(Phase::kSwitching);
+  stats::set_state(slot_, stats::ConnState::kUpgrading);
+  // Every TCP write holds mu_, so tcp_tx_ is exactly where our TCP bytes end.
+  offer_sent_ = true;
+  out_marker_ = {wire::kMarkerMagic, peer_cookie_, tcp_tx_};
+  offer_queued_ = true;
+}
+
+void Stream::handle_controls() {
+  if (offer_queued_) {
+    uint64_t n = out_marker_.offset;
+    if (conn_->send_control(uint8_t(wire::Control::kOffer), std::as_bytes(std::span(&n, 1))))
+      offer_queued_ = false;
+  }
+  for (;;) {
+    auto m = conn_->recv_control();
+    if (!m) break;
+    if (m->type == uint8_t(wire::Control::kOffer) && m->len == sizeof(uint64_t) && !offer_rcvd_) {
+      std::memcpy(&rx_limit_, m->data, sizeof rx_limit_);
+      if (rx_limit_ < tcp_rx_) {
+        break_connection(ECONNRESET, "peer's switch offset is behind what we received");
+        return;
+      }
+      // We hold mu_, and every TCP read of ours does too: from here on no
+      // read can pass the limit, so the peer may send its marker.
+      offer_rcvd_ = true;
+      ready_queued_ = true;
+    } else if (m->type == uint8_t(wire::Control::kReady) && m->len == 0 && offer_sent_) {
+      ready_rcvd_ = true;
+    } else {
+      break_connection(ECONNRESET, "unexpected switch message");
+      return;
+    }
+  }
+  if (ready_queued_ && conn_->send_control(uint8_t(wire::Control::kReady), {}))
+    ready_queued_ = false;
+}
+
+// The client writes its marker as soon as the server is READY; the server
+// writes its own only after it has verified the client's. So a forged
+// request that won the rendezvous can never make the server inject a byte
+// into the real TCP stream: on a mismatch the server just stays on TCP.
+void Stream::write_marker() {
+  if (!ready_rcvd_ || out_marker_off_ == sizeof out_marker_) return;
+  if (!client_ && !verified_) return;
+  auto* b = reinterpret_cast<const char*>(&out_marker_);
+  while (out_marker_off_ < sizeof out_marker_) {
+    ssize_t r = sys::libc.send(tcp_fd_, b + out_marker_off_, sizeof out_marker_ - out_marker_off_,
+                               MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r > 0) {
+      out_marker_off_ += size_t(r);
+      continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;  // progress thread retries
+    break_connection(ECONNRESET, "cannot write the switch marker");
+    return;
+  }
+}
+
+// Reads the peer's remaining TCP bytes (up to its offer) into staging, then
+// its marker, so verification never waits for the application to read.
+void Stream::drain_tcp() {
+  if (!offer_rcvd_ || verified_) return;
+  while (tcp_rx_ < rx_limit_) {
+    size_t want = std::min<uint64_t>(rx_limit_ - tcp_rx_, 64 * 1024);
+    size_t old = staging_.size();
+    staging_.resize(old + want);
+    ssize_t r = sys::libc.recv(tcp_fd_, staging_.data() + old, want, MSG_DONTWAIT);
+    staging_.resize(old + (r > 0 ? size_t(r) : 0));
+    if (r > 0) {
+      tcp_rx_ += uint64_t(r);
+      if (slot_) slot_->add_rx(stats::Transport::kTcp, uint64_t(r));
+      continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    break_connection(ECONNRESET, r == 0 ? "peer closed TCP during the switch" : "TCP error");
+    return;
+  }
+  auto* b = reinterpret_cast<char*>(&in_marker_);
+  while (in_marker_got_ < sizeof in_marker_) {
+    ssize_t r = sys::libc.recv(tcp_fd_, b + in_marker_got_, sizeof in_marker_ - in_marker_got_,
+                               MSG_DONTWAIT);
+    if (r > 0) {
+      in_marker_got_ += size_t(r);
+      continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (r == 0 && in_marker_got_ == 0) {
+      // The peer closed right at its offer (it went away mid-switch): a
+      // clean end of stream after the bytes we already hold.
+      tcp_eof_ = true;
+      return;
+    }
+    break_connection(ECONNRESET, "peer closed TCP inside its switch marker");
+    return;
+  }
+  if (in_marker_.magic != wire::kMarkerMagic || in_marker_.cookie != my_cookie_ ||
+      in_marker_.offset != rx_limit_) {
+    if (!client_ && out_marker_off_ == 0) {
+      reject_forgery();
+      return;
+    }
+    break_connection(ECONNRESET, "switch marker does not match");
+    return;
+  }
+  verified_ = true;
+}
+
+void Stream::detach_after_fork() {
+  new (&mu_) std::mutex();                   // may have been held at fork
+  (void)conn_.release();                     // the parent's; never touched here
+  if (phase() == Phase::kPending) {
+    set_phase(Phase::kPlain);
+  } else if (phase() != Phase::kPlain) {
+    err_ = ECONNRESET;
+    set_phase(Phase::kBroken);
+  }
+}
+
+void Stream::orphan() {
+  std::lock_guard lk(mu_);
+  orphaned_ = true;
+  linger_deadline_ns_ = now_ns() + 10000ull * 1000000;  // like a kernel FIN_WAIT, bounded
+  if (phase() == Phase::kPending) {
+    // Nothing moved yet: abandon the rendezvous, the kernel ends the stream.
+    conn_.reset();
+    if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
+    set_phase(Phase::kPlain);
+  }
+}
+
+bool Stream::linger_done() {
+  std::lock_guard lk(mu_);
+  if (phase() == Phase::kSwitching) advance_locked();  // finish the switch, then close
+  Phase p = phase();
+  if (p == Phase::kPlain || p == Phase::kBroken || !conn_ || rdma_dead_) return true;
+  if (p == Phase::kRdma) {
+    if (!close_started_) {
+      close_started_ = true;
+      (void)conn_->close();
+    }
+    if (!conn_->progress() || conn_->closed()) return true;
+  }
+  return now_ns() > linger_deadline_ns_;
+}
+
+}  // namespace rsock::socket

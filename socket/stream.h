@@ -1,0 +1,174 @@
+// Stream: a tracked TCP connection that librsock may move onto RDMA.
+//
+// Created at connect()/accept() when the connection is eligible (an RDMA
+// device exists, config says rdma, peer not in the negative cache). From then
+// on the socket's I/O goes through the Stream until it either falls back to
+// plain TCP (phase kPlain: hooks pass through again) or completes the switch
+// (phase kRdma). Protocol: socket/upgrade_wire.h and docs/DESIGN.md.
+//
+// Ownership: the Socket owns its Stream while any application fd names it;
+// when the last one closes, the Stream is handed to the progress thread,
+// which finishes the orderly close (every byte written is delivered) and
+// deletes it. Locking: mu_ guards all state; it is held only for nonblocking
+// steps, never while sleeping.
+#pragma once
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "socket/upgrade_wire.h"
+#include "transport/connection.h"
+#include "util/stats_layout.h"
+#include "util/status.h"
+
+namespace rsock::socket {
+
+class Socket;
+
+enum class Phase : uint8_t {
+  kPending,    // rendezvous running; data still on TCP, every TCP op serialised
+  kSwitching,  // RDMA connection up; OFFER/READY/MARKER exchange running
+  kRdma,       // both directions switched: data on RDMA, TCP idle (liveness)
+  kPlain,      // fell back: the kernel carries everything, hooks pass through
+  kBroken,     // the switch failed after bytes were committed: reset
+};
+const char* phase_name(Phase p);
+
+// Pseudo-errno of a call made while the stream stopped governing the socket
+// (it fell back to plain TCP): the caller redoes the call on the kernel.
+inline constexpr int kRedoPlain = 1000;
+
+class Stream {
+ public:
+  Stream(int tcp_fd, bool client, const sockaddr_storage& local, const sockaddr_storage& peer,
+         stats::ConnSlot* slot);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // Whether hooks must route I/O here (false once fallen back to kernel TCP).
+  bool governs() const { return governs_.load(std::memory_order_acquire); }
+
+  // --- data path (stream_datapath.cc). `nonblock`: O_NONBLOCK or MSG_DONTWAIT.
+  Status<size_t> recv(std::span<const iovec> iov, int flags, bool nonblock);
+  Status<size_t> send(std::span<const iovec> iov, int flags, bool nonblock);
+  Status<int> fionread();
+  Status<void> shutdown(int how);
+  // Current readiness (POLLIN/POLLOUT/POLLRDHUP/POLLHUP/POLLERR subset of
+  // `interest` plus POLLHUP/POLLERR), after driving progress.
+  short poll_events(short interest);
+  // The fds a waiter for `interest` must sleep on; returns how many (<= 3).
+  int wait_fds(short interest, pollfd* out);
+  // Sleeps until poll_events(interest) may have changed, or timeout.
+  // Returns EINTR if a signal handler ran, else 0.
+  int wait(short interest, int timeout_ms);
+
+  // --- lifecycle (stream.cc), called by rendezvous/progress code.
+  // Drives everything that can be done now. Locks mu_ (try_lock if !block).
+  // Returns true if readiness may have changed.
+  bool advance(bool block = true);
+  void start_client();                        // begin rdma_cm connect
+  void attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie);
+  void fall_back(stats::FallbackReason reason);  // give the socket back to the kernel
+  // Called when the last application fd is gone. Returns true when the
+  // stream is finished and may be deleted (else keep calling).
+  bool linger_done();
+  void orphan();                              // app closed its last fd
+  // In a fork child: pending -> plain TCP; switching/RDMA -> ECONNRESET on
+  // every call (the RDMA state belongs to the parent). Touches no verbs.
+  void detach_after_fork();
+  bool orphaned() const { return orphaned_; }
+
+  Phase phase() const { return phase_.load(std::memory_order_acquire); }
+  bool client() const { return client_; }
+  const sockaddr_storage& peer() const { return peer_; }
+  const sockaddr_storage& local() const { return local_; }
+  uint64_t cookie() const { return my_cookie_; }
+  uint64_t deadline_ns() const { return deadline_ns_; }
+  int progress_fd() const;  // what the progress thread watches (conn fd or -1)
+  int tcp_fd() const { return tcp_fd_; }
+  stats::ConnSlot* slot() const { return slot_; }
+  void wake();              // pokes waiters (wake_fd_)
+  int wake_fd() const { return wake_fd_; }
+  void consume_wake();      // clears wake_fd_ before readiness is recomputed
+  // Bumped on every change waiters care about (edge-triggered epoll).
+  uint64_t generation() const { return gen_.load(std::memory_order_acquire); }
+  bool on_rdma() const { return phase() == Phase::kRdma; }
+  // Waiters announce themselves around sleeping, so that a thread that
+  // changes readiness in passing (a recv that also polled the CQ) knows
+  // whether anyone needs a poke.
+  void sleep_begin() { sleepers_.fetch_add(1, std::memory_order_acq_rel); }
+  void sleep_end() { sleepers_.fetch_sub(1, std::memory_order_acq_rel); }
+
+ private:
+  // Under mu_:
+  bool advance_locked();
+  void advance_inline();  // advance_locked() + wake sleepers if needed
+  void enter_switching();
+  void rdma_failed_during_switch();
+  void reject_forgery();
+  void handle_controls();
+  void write_marker();
+  void drain_tcp();
+  void set_phase(Phase p);
+  void break_connection(int err, const char* why);
+  size_t copy_staging(std::span<const iovec> iov, bool peek);
+  bool tcp_tx_open() const { return !offer_sent_; }
+  bool tcp_rx_open() const { return !offer_rcvd_; }
+  Status<size_t> try_recv(std::span<const iovec> iov, int flags);
+  Status<size_t> try_send(std::span<const iovec> iov, int flags);
+  short events_locked(short interest);
+
+  std::mutex mu_;
+  std::atomic<Phase> phase_{Phase::kPending};
+  std::atomic<bool> governs_{true};
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<int> sleepers_{0};
+  const int tcp_fd_;   // our own dup of the kernel socket (CLOEXEC)
+  int wake_fd_ = -1;   // eventfd, readable when waiters must re-check
+  const bool client_;
+  sockaddr_storage local_{}, peer_{};
+  stats::ConnSlot* slot_;
+  uint64_t my_cookie_ = 0, peer_cookie_ = 0;
+  uint64_t deadline_ns_ = 0;
+  std::unique_ptr<transport::Connection> conn_;
+  int err_ = 0;
+
+  uint64_t tcp_tx_ = 0, tcp_rx_ = 0;   // application bytes carried by TCP
+  // Our direction (tx): OFFER -> READY -> MARKER.
+  bool offer_sent_ = false, offer_queued_ = false, ready_rcvd_ = false;
+  wire::Marker out_marker_{};
+  size_t out_marker_off_ = 0;
+  // Peer's direction (rx): OFFER -> READY -> drain to limit -> MARKER check.
+  bool offer_rcvd_ = false, ready_queued_ = false, verified_ = false;
+  uint64_t rx_limit_ = 0;
+  wire::Marker in_marker_{};
+  size_t in_marker_got_ = 0;
+  std::vector<std::byte> staging_;      // TCP bytes read ahead of the app
+  size_t staging_off_ = 0;
+  bool tcp_eof_ = false;                // TCP FIN reached at the peer's offer
+  bool rdma_dead_ = false;              // RDMA connection failed mid-switch
+  bool plain_when_drained_ = false;     // fell back: plain once staging is read
+  bool wr_shut_ = false, rd_shut_ = false;
+  bool fin_deferred_ = false;           // shutdown(SHUT_WR) before the switch ended
+  bool orphaned_ = false;
+  bool close_started_ = false;
+  uint64_t linger_deadline_ns_ = 0;
+};
+
+// Whether this process can use RDMA at all (a verbs device exists); cached.
+bool rdma_available();
+
+// Whether any Stream exists in this process: until then readiness calls go
+// straight to the kernel without looking at their fds.
+extern std::atomic<int> g_streams_alive;
+inline bool streams_exist() { return g_streams_alive.load(std::memory_order_relaxed) > 0; }
+
+}  // namespace rsock::socket

@@ -1,0 +1,347 @@
+// Stream data path: send/recv while pending, switching and on RDMA, with the
+// kernel's blocking, timeout, peek and waitall semantics emulated on top of
+// nonblocking steps. Every step holds mu_ briefly; sleeping happens in wait().
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <signal.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "socket/process.h"
+#include "socket/stream.h"
+#include "util/stats.h"
+#include "util/sys.h"
+
+namespace rsock::socket {
+
+namespace {
+
+// After a signal interrupted our sleep: would the kernel have restarted the
+// blocking socket call? We cannot see which signal ran, so restart only if
+// every caught signal has SA_RESTART (signal(7)); a socket with a timeout
+// is never restarted.
+bool kernel_would_restart(bool has_timeout) {
+  if (has_timeout) return false;
+  for (int sig = 1; sig < NSIG; sig++) {
+    struct sigaction sa {};
+    if (sigaction(sig, nullptr, &sa) != 0) continue;
+    bool caught = !(sa.sa_flags & SA_SIGINFO) ? (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN)
+                                               : sa.sa_sigaction != nullptr;
+    if (caught && !(sa.sa_flags & SA_RESTART)) return false;
+  }
+  return true;
+}
+
+uint64_t now_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
+// SO_RCVTIMEO / SO_SNDTIMEO of the kernel socket, in ms (-1: none).
+int socket_timeout_ms(int fd, int opt) {
+  timeval tv{};
+  socklen_t len = sizeof tv;
+  if (sys::libc.getsockopt(fd, SOL_SOCKET, opt, &tv, &len) != 0) return -1;
+  if (tv.tv_sec == 0 && tv.tv_usec == 0) return -1;
+  return static_cast<int>(tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000);
+}
+
+size_t iov_total(std::span<const iovec> iov) {
+  size_t n = 0;
+  for (auto& v : iov) n += v.iov_len;
+  return n;
+}
+
+// iov minus its first `skip` bytes, into `out` (same capacity).
+std::span<const iovec> iov_advance(std::span<const iovec> iov, size_t skip, iovec* out) {
+  size_t k = 0;
+  for (auto& v : iov) {
+    if (skip >= v.iov_len) {
+      skip -= v.iov_len;
+      continue;
+    }
+    out[k].iov_base = static_cast<char*>(v.iov_base) + skip;
+    out[k].iov_len = v.iov_len - skip;
+    skip = 0;
+    k++;
+  }
+  return {out, k};
+}
+
+}  // namespace
+
+size_t Stream::copy_staging(std::span<const iovec> iov, bool peek) {
+  size_t avail = staging_.size() - staging_off_, done = 0;
+  for (auto& v : iov) {
+    if (done == avail) break;
+    size_t n = std::min(v.iov_len, avail - done);
+    std::memcpy(v.iov_base, staging_.data() + staging_off_ + done, n);
+    done += n;
+  }
+  if (!peek) {
+    staging_off_ += done;
+    if (staging_off_ == staging_.size()) {
+      staging_.clear();
+      staging_.shrink_to_fit();  // switch-time buffer: give it back
+      staging_off_ = 0;
+    }
+  }
+  return done;
+}
+
+// One nonblocking receive attempt in the current phase.
+Status<size_t> Stream::try_recv(std::span<const iovec> iov, int flags) {
+  bool peek = flags & MSG_PEEK;
+  Phase p = phase();
+  if (p == Phase::kPlain) return Err(kRedoPlain);
+  if (p == Phase::kBroken) return Err(err_ ? err_ : ECONNRESET);
+  // 1. Bytes the library read ahead of the application come first.
+  if (size_t n = copy_staging(iov, peek)) {
+    if (plain_when_drained_ && staging_.empty()) set_phase(Phase::kPlain);
+    return n;
+  }
+  if (rd_shut_) return size_t{0};
+  // 2. The peer's direction still on TCP: read the kernel socket directly
+  //    (under mu_, so an OFFER cannot be processed in the middle).
+  if (tcp_rx_open()) {
+    msghdr mh{};
+    mh.msg_iov = const_cast<iovec*>(iov.data());
+    mh.msg_iovlen = iov.size();
+    ssize_t r = sys::libc.recvmsg(tcp_fd_, &mh, (flags & (MSG_PEEK | MSG_OOB)) | MSG_DONTWAIT);
+    if (r < 0) return Err(errno);
+    if (r > 0 && !peek) {
+      tcp_rx_ += uint64_t(r);
+      if (slot_) slot_->add_rx(stats::Transport::kTcp, uint64_t(r));
+    }
+    return size_t(r);
+  }
+  // 3. Draining to the peer's offer / checking its marker: not yet.
+  if (!verified_) return tcp_eof_ ? Status<size_t>(size_t{0}) : Err(EAGAIN);
+  if (rdma_dead_ || !conn_) return size_t{0};  // peer went away mid-switch: EOF
+  // 4. On RDMA.
+  auto r = conn_->recv(iov, peek);
+  if (!r) return r.error() == EPIPE ? Status<size_t>(size_t{0}) : r;
+  if (*r == 0 && !conn_->eof()) return Err(EAGAIN);
+  if (*r > 0 && !peek && slot_) slot_->add_rx(stats::Transport::kRdma, *r);
+  return r;
+}
+
+Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
+  Phase p = phase();
+  if (p == Phase::kPlain) return Err(kRedoPlain);
+  if (p == Phase::kBroken) return Err(err_ ? err_ : ECONNRESET);
+  if (wr_shut_) return Err(EPIPE);
+  if (tcp_tx_open()) {
+    msghdr mh{};
+    mh.msg_iov = const_cast<iovec*>(iov.data());
+    mh.msg_iovlen = iov.size();
+    ssize_t r = sys::libc.sendmsg(tcp_fd_, &mh,
+                                  (flags & (MSG_MORE | MSG_OOB)) | MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r < 0) return Err(errno);
+    tcp_tx_ += uint64_t(r);
+    if (slot_) slot_->add_tx(stats::Transport::kTcp, uint64_t(r));
+    return size_t(r);
+  }
+  if (p != Phase::kRdma) return rdma_dead_ && out_marker_off_ > 0 ? Err(EPIPE) : Err(EAGAIN);
+  auto r = conn_->send(iov);
+  if (r && *r > 0 && slot_) slot_->add_tx(stats::Transport::kRdma, *r);
+  if (!r && r.error() == EAGAIN && slot_)
+    slot_->traffic.credit_stalls.fetch_add(1, std::memory_order_relaxed);
+  return r;
+}
+
+Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock) {
+  const size_t want = iov_total(iov);
+  if (want == 0) return size_t{0};
+  const bool waitall = (flags & MSG_WAITALL) && !(flags & MSG_PEEK) && !nonblock;
+  int timeout = -2;  // read lazily: only a call that has to sleep needs it
+  uint64_t deadline = 0;
+  size_t got = 0;
+  iovec rest[UIO_MAXIOV];
+  for (;;) {
+    std::span<const iovec> cur = got ? iov_advance(iov, got, rest) : iov;
+    Status<size_t> r = Err(EAGAIN);
+    {
+      std::lock_guard lk(mu_);
+      advance_inline();
+      r = try_recv(cur, flags);
+    }
+    if (r) {
+      got += *r;
+      if (*r == 0 || !waitall || got == want) return got;
+      continue;
+    }
+    if (r.error() != EAGAIN) return got ? Status<size_t>(got) : r;
+    if (nonblock) return got ? Status<size_t>(got) : Err(EAGAIN);
+    if (timeout == -2) {
+      timeout = socket_timeout_ms(tcp_fd_, SO_RCVTIMEO);
+      deadline = timeout < 0 ? 0 : now_ms() + uint64_t(timeout);
+    }
+    int left = -1;
+    if (deadline) {
+      uint64_t now = now_ms();
+      if (now >= deadline) return got ? Status<size_t>(got) : Err(EAGAIN);
+      left = int(deadline - now);
+    }
+    if (wait(POLLIN, left) == EINTR && !kernel_would_restart(timeout >= 0))
+      return got ? Status<size_t>(got) : Err(EINTR);
+  }
+}
+
+Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock) {
+  const size_t want = iov_total(iov);
+  int timeout = -2;
+  uint64_t deadline = 0;
+  size_t sent = 0;
+  iovec rest[UIO_MAXIOV];
+  for (;;) {
+    std::span<const iovec> cur = sent ? iov_advance(iov, sent, rest) : iov;
+    Status<size_t> r = Err(EAGAIN);
+    {
+      std::lock_guard lk(mu_);
+      advance_inline();
+      r = want ? try_send(cur, flags) : Status<size_t>(size_t{0});
+    }
+    if (r) {
+      sent += *r;
+      // A blocking socket sends everything, like the kernel; a nonblocking
+      // one returns what fit.
+      if (sent == want || nonblock) return sent;
+      continue;
+    }
+    if (r.error() != EAGAIN) return sent ? Status<size_t>(sent) : r;
+    if (nonblock) return sent ? Status<size_t>(sent) : Err(EAGAIN);
+    if (timeout == -2) {
+      timeout = socket_timeout_ms(tcp_fd_, SO_SNDTIMEO);
+      deadline = timeout < 0 ? 0 : now_ms() + uint64_t(timeout);
+    }
+    int left = -1;
+    if (deadline) {
+      uint64_t now = now_ms();
+      if (now >= deadline) return sent ? Status<size_t>(sent) : Err(EAGAIN);
+      left = int(deadline - now);
+    }
+    if (wait(POLLOUT, left) == EINTR && !kernel_would_restart(timeout >= 0))
+      return sent ? Status<size_t>(sent) : Err(EINTR);
+  }
+}
+
+Status<int> Stream::fionread() {
+  std::lock_guard lk(mu_);
+  advance_inline();
+  if (phase() == Phase::kPlain) return Err(kRedoPlain);
+  size_t n = staging_.size() - staging_off_;
+  if (tcp_rx_open()) {
+    int k = 0;
+    if (sys::libc.ioctl(tcp_fd_, FIONREAD, &k) == 0) n += size_t(k);
+  } else if (verified_ && conn_ && !rdma_dead_) {
+    n += conn_->readable();
+  }
+  return static_cast<int>(std::min<size_t>(n, INT32_MAX));
+}
+
+Status<void> Stream::shutdown(int how) {
+  std::lock_guard lk(mu_);
+  advance_inline();
+  Phase p = phase();
+  if (p == Phase::kPlain) return Err(kRedoPlain);
+  if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return Err(EINVAL);
+  if (how != SHUT_WR) rd_shut_ = true;
+  if (how != SHUT_RD && !wr_shut_) {
+    wr_shut_ = true;
+    // The FIN must come after the last byte on whichever path carries it:
+    // on RDMA now, or once the switch has ended (on RDMA, or on TCP after a
+    // fallback).
+    if (p == Phase::kRdma) (void)conn_->shutdown_write();
+    else fin_deferred_ = true;
+  }
+  return Ok();
+}
+
+short Stream::events_locked(short interest) {
+  short ev = 0;
+  Phase p = phase();
+  if (p == Phase::kBroken) return POLLERR | POLLHUP | (interest & (POLLIN | POLLOUT));
+  bool staged = staging_.size() > staging_off_;
+  short kernel = 0;
+  if (tcp_rx_open() || tcp_tx_open()) {
+    pollfd pf{tcp_fd_, short(interest | POLLRDHUP), 0};
+    if (sys::libc.poll(&pf, 1, 0) == 1) kernel = pf.revents;
+  }
+  // Readable.
+  if (staged || rd_shut_) ev |= POLLIN;
+  if (tcp_rx_open()) {
+    ev |= kernel & (POLLIN | POLLRDHUP | POLLHUP | POLLERR);
+  } else if (verified_) {
+    if (rdma_dead_ || !conn_ || conn_->readable() > 0 || conn_->eof() || conn_->error())
+      ev |= POLLIN;
+    if (rdma_dead_ || !conn_ || conn_->eof()) ev |= POLLRDHUP;
+    if (conn_ && conn_->error() && !rdma_dead_) ev |= POLLERR | POLLHUP;
+  } else if (tcp_eof_) {
+    ev |= POLLIN | POLLRDHUP;
+  }
+  // Writable.
+  if (tcp_tx_open()) {
+    ev |= kernel & (POLLOUT | POLLERR | POLLHUP);
+  } else if (wr_shut_ || (rdma_dead_ && out_marker_off_ > 0)) {
+    ev |= POLLOUT;  // the write fails at once (EPIPE), as the kernel's does
+  } else if (p == Phase::kRdma && conn_->writable() > 0) {
+    ev |= POLLOUT;
+  }
+  if ((ev & POLLRDHUP) && wr_shut_) ev |= POLLHUP;
+  return ev & short(interest | POLLERR | POLLHUP);
+}
+
+short Stream::poll_events(short interest) {
+  std::lock_guard lk(mu_);
+  advance_inline();
+  if (phase() == Phase::kPlain) return -1;
+  return events_locked(interest);
+}
+
+int Stream::wait_fds(short interest, pollfd* out) {
+  int n = 0;
+  out[n++] = {wake_fd_, POLLIN, 0};
+  std::lock_guard lk(mu_);
+  bool tcp = tcp_rx_open() || tcp_tx_open() ||
+             (phase() == Phase::kSwitching && (offer_rcvd_ || ready_rcvd_));
+  if (tcp) out[n++] = {tcp_fd_, short(interest | POLLRDHUP), 0};
+  if (conn_ && !rdma_dead_) out[n++] = {conn_->fd(), POLLIN, 0};
+  return n;
+}
+
+int Stream::wait(short interest, int timeout_ms) {
+  // Busy-poll first on RDMA: a reply usually arrives within microseconds,
+  // sooner than a sleep and wakeup would take.
+  uint32_t spin_us = process_config().tunables.spin_us;
+  if (phase() == Phase::kRdma && spin_us) {
+    timespec t0{}, t{};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+      if (advance(true) || poll_events(interest) & (interest | POLLERR | POLLHUP)) return 0;
+      clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < spin_us);
+  }
+  pollfd fds[3];
+  int n = wait_fds(interest, fds);
+  uint64_t drain;
+  (void)!sys::libc.read(wake_fd_, &drain, sizeof drain);  // consume old pokes first
+  {
+    // Re-check after consuming: a poke between the caller's attempt and now
+    // must not be lost.
+    short ev = poll_events(interest);
+    if (ev < 0 || (ev & (interest | POLLERR | POLLHUP))) return 0;
+  }
+  sleep_begin();
+  int r = sys::libc.poll(fds, nfds_t(n), timeout_ms);
+  int err = r < 0 ? errno : 0;
+  sleep_end();
+  return err == EINTR ? EINTR : 0;
+}
+
+}  // namespace rsock::socket
