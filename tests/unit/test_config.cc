@@ -3,6 +3,10 @@
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
@@ -295,4 +299,74 @@ TEST_CASE("config: every Tunables field has a key") {
   CHECK(c.tunables.send_queue_depth == 4096);
   CHECK(c.tunables.recv_slots == 4);
   CHECK(parse_err("recv_slots = 2000\n") == "t.conf:1:14: recv_slots = 2000 is out of range: must be from 4 to 1024");
+}
+
+namespace {
+
+// Runs load_for_process() with the given environment and returns what it
+// wrote to stderr. Restores stderr, the variables and the log settings.
+std::string load_capturing(Config* out, const std::map<std::string, std::string>& env) {
+  for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+  char path[] = "/tmp/rsock-unit-stderr.XXXXXX";
+  int cap = mkstemp(path);
+  REQUIRE(cap >= 0);
+  int saved = dup(2);
+  dup2(cap, 2);
+  *out = load_for_process();
+  dup2(saved, 2);
+  close(saved);
+  rsock::log::set_level(rsock::log::Level::kWarn);
+  rsock::log::set_fd(2);
+  for (auto& [k, v] : env) unsetenv(k.c_str());
+  std::string text;
+  char buf[1024];
+  ssize_t n;
+  lseek(cap, 0, SEEK_SET);
+  while ((n = read(cap, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  close(cap);
+  unlink(path);
+  return text;
+}
+
+std::string write_temp_conf(const char* text) {
+  char path[] = "/tmp/rsock-unit-conf.XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  REQUIRE(write(fd, text, strlen(text)) == static_cast<ssize_t>(strlen(text)));
+  close(fd);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("config: load_for_process - file, environment, one-line errors") {
+  std::string good = write_temp_conf("ring_bytes = 1M\nlog_level = info\n[app *]\ntcp client 127.0.0.0/8\n");
+  Config c;
+  std::string err = load_capturing(&c, {{"RSOCK_CONFIG", good}, {"RSOCK_SPIN_US", "7"}});
+  CHECK_FALSE(c.passthrough);
+  CHECK(c.tunables.ring_bytes == 1024 * 1024);
+  CHECK(c.tunables.spin_us == 7);
+  CHECK(c.section == "[app *]");
+  CHECK(err.find("info: config " + good + ": ring_bytes=1M spin_us=7 log_level=info section=[app *]@3 rules=1") !=
+        std::string::npos);
+
+  std::string bad = write_temp_conf("ring_bytes = 1M\n\n[app *]\n  rdma client 10.0.0.0/33\n");
+  err = load_capturing(&c, {{"RSOCK_CONFIG", bad}});
+  CHECK(c.passthrough);
+  CHECK(err == "librsock: " + bad + ":4:24: prefix length 33 is too long for IPv4 (at most 32); "
+                                    "passing all sockets through to the kernel\n");
+  sockaddr_storage ss = v4("10.0.0.1", 80);
+  CHECK(c.decide(Direction::kClient, reinterpret_cast<sockaddr*>(&ss)) == Action::kTcp);
+
+  err = load_capturing(&c, {{"RSOCK_CONFIG", good}, {"RSOCK_LOG_LEVEL", "chatty"}});
+  CHECK(c.passthrough);
+  CHECK(err.find("librsock: $RSOCK_LOG_LEVEL:1:1: bad log_level \"chatty\"") == 0);
+  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+
+  err = load_capturing(&c, {{"RSOCK_CONFIG", "/nonexistent/librsock.conf"}});
+  CHECK(c.passthrough);
+  CHECK(err == "librsock: /nonexistent/librsock.conf: cannot read: No such file or directory; "
+               "passing all sockets through to the kernel\n");
+  unlink(good.c_str());
+  unlink(bad.c_str());
 }
