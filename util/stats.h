@@ -5,12 +5,13 @@
 //   startup:    stats::init({.enabled = cfg.tunables.stats, .exe = name});
 //   fork child: stats::after_fork_child();   (from the fork hook, in the child)
 //   per socket: slot_ = stats::open_conn(fd, Direction::kClient, &local, &peer);
-//               ... slot_->add_tx(Transport::kRdma, n);   (data path; slot_ may be null)
+//               ... if (slot_) slot_->add_tx(Transport::kRdma, n);   (data path: ConnSlot's
+//                   inline members are lock-free relaxed atomics; slot_ is null when untracked)
 //               stats::set_state(slot_, ConnState::kUpgrading);
 //               stats::set_upgraded(slot_, qp_num);  or  stats::set_fallback(slot_, reason);
 //               stats::close_conn(slot_);
-// Every function accepts a null slot and does nothing with it, and every
-// function is a no-op before init() or when stats are disabled.
+// Every free function below accepts a null slot (ConnSlot's members need a
+// real one), and all are no-ops before init() or when stats are disabled.
 #pragma once
 
 #include <sys/socket.h>

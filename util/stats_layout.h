@@ -127,6 +127,7 @@ struct alignas(64) ConnSlot {
     recv_ring_fill.store(recv, std::memory_order_relaxed);
   }
   void set_credits(uint32_t credits) { send_credits.store(credits, std::memory_order_relaxed); }
+  void set_ring_bytes(uint32_t capacity) { ring_bytes.store(capacity, std::memory_order_relaxed); }
 
  private:
   static int idx(Transport t) { return static_cast<int>(t) & 1; }
