@@ -1,7 +1,7 @@
 // Transport micro-benchmark: ping-pong latency (64 B, 4 KiB) and one-way
 // streaming bandwidth (64 KiB writes) over transport::Connection between two
 // processes on 10.77.0.1, both busy-polling like perftest does.
-//   rsock_transport_bench [--iters N] [--stream-mib M] [--stream-spin-us U]
+//   rsock_transport_bench [--iters N] [--stream-mib M] [--stream-spin-us U] [--ring-kib K]
 // Prints "lat <bytes> avg <us> median <us>" (one-way = RTT/2, as perftest)
 // and "bw <bytes> <MiB/s>". Exit 77 without an RDMA device.
 #include <algorithm>
@@ -13,12 +13,14 @@ using rsock::config::Tunables;
 
 namespace {
 
+uint32_t g_ring_bytes = 1u << 20;
+
 Tunables bench_tunables() {
   Tunables t;
   t.resolve_timeout_ms = 5000;
   t.connect_timeout_ms = 10000;
   t.spin_us = 10 * 1000 * 1000;  // never sleep while a test runs: perftest spins too
-  t.ring_bytes = 1u << 20;
+  t.ring_bytes = g_ring_bytes;
   t.inline_threshold = 64;
   return t;
 }
@@ -116,8 +118,9 @@ int main(int argc, char** argv) {
     if (a == "--iters") iters = std::max(1, atoi(argv[i + 1]));
     else if (a == "--stream-mib") mib = std::max(1, atoi(argv[i + 1]));
     else if (a == "--stream-spin-us") stream_spin = uint32_t(atoi(argv[i + 1]));
+    else if (a == "--ring-kib") g_ring_bytes = uint32_t(atoi(argv[i + 1])) * 1024;
     else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--stream-mib M] [--stream-spin-us U]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--iters N] [--stream-mib M] [--stream-spin-us U] [--ring-kib K]\n", argv[0]);
       return 2;
     }
   }

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -152,7 +153,7 @@ inline bool recv_all(rt::Connection& c, void* buf, size_t n) {
 
 // `rdma resource show qp` lines of RC QPs owned by `pid` (proof that the
 // traffic runs over real QPs of the rxe device).
-inline int count_rc_qps(pid_t pid, uint32_t want_qpn = 0, bool* found = nullptr) {
+inline int count_rc_qps_once(pid_t pid, uint32_t want_qpn, bool* found) {
   FILE* f = popen("rdma resource show qp 2>/dev/null", "r");
   if (!f) return -1;
   char line[512];
@@ -169,6 +170,15 @@ inline int count_rc_qps(pid_t pid, uint32_t want_qpn = 0, bool* found = nullptr)
   }
   pclose(f);
   return n;
+}
+
+// The netlink dump behind the rdma tool ends early when another process
+// creates or destroys QPs meanwhile: a dump can only undercount, so take the
+// largest of a few.
+inline int count_rc_qps(pid_t pid, uint32_t want_qpn = 0, bool* found = nullptr) {
+  int best = -1;
+  for (int i = 0; i < 3; ++i) best = std::max(best, count_rc_qps_once(pid, want_qpn, found));
+  return best;
 }
 
 inline void check_qp_visible(const rt::Connection& c) {
