@@ -4,10 +4,13 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <cstdarg>
 
 #include "preload/hook.h"
 #include "socket/readiness.h"
+#include "socket/signals.h"
 #include "socket/rendezvous.h"
 #include "util/stats.h"
 
@@ -132,4 +135,28 @@ RSOCK_HOOK pid_t fork(void) noexcept {
     rsock::socket::progress_after_fork_child();
   }
   return h.pass(pid);
+}
+
+// Signal dispositions are recorded so that emulated blocking socket calls
+// restart (SA_RESTART) or fail with EINTR exactly like the kernel's.
+RSOCK_HOOK int sigaction(int sig, const struct sigaction* act, struct sigaction* old) noexcept {
+  HookScope h;
+  int r = real().sigaction(sig, act, old);
+  if (r == 0 && act) rsock::socket::signal_handler_set(sig, *act);
+  return h.pass(r);
+}
+
+// glibc's signal() has BSD semantics: SA_RESTART.
+RSOCK_HOOK sighandler_t signal(int sig, sighandler_t handler) noexcept {
+  HookScope h;
+  sighandler_t r = real().signal(sig, handler);
+  if (r != SIG_ERR) rsock::socket::signal_handler_set_bsd(sig, handler, true);
+  return r;
+}
+
+RSOCK_HOOK sighandler_t sysv_signal(int sig, sighandler_t handler) noexcept {
+  HookScope h;
+  sighandler_t r = real().sysv_signal(sig, handler);
+  if (r != SIG_ERR) rsock::socket::signal_handler_set_bsd(sig, handler, false);
+  return r;
 }

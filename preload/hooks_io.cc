@@ -97,8 +97,10 @@ using rsock::preload::stream_send;
 #define RX1(b, n, f) ({ iovec v_{b, n}; stream_recv(h, s, {&v_, 1}, f, &out); })
 #define TX1(b, n, f) ({ iovec v_{const_cast<void*>(static_cast<const void*>(b)), n}; \
                         stream_send(h, s, {&v_, 1}, f, &out); })
-#define RXV(v, n, f) (n >= 0 && stream_recv(h, s, {v, size_t(n)}, f, &out))
-#define TXV(v, n, f) (n >= 0 && stream_send(h, s, {v, size_t(n)}, f, &out))
+// readv/writev: a bad count is the kernel's EINVAL (let it say so); the
+// msg variants' EMSGSIZE comes from stream_recv/stream_send.
+#define RXV(v, n, f) (n >= 0 && n <= UIO_MAXIOV && stream_recv(h, s, {v, size_t(n)}, f, &out))
+#define TXV(v, n, f) (n >= 0 && n <= UIO_MAXIOV && stream_send(h, s, {v, size_t(n)}, f, &out))
 #define RSOCK_RX_HOOK(ret, name, params, fd, via, call) RSOCK_IO_HOOK(ret, name, params, fd, io_rx, via, call)
 #define RSOCK_TX_HOOK(ret, name, params, fd, via, call) RSOCK_IO_HOOK(ret, name, params, fd, io_tx, via, call)
 
@@ -182,7 +184,7 @@ RSOCK_TX_HOOK(ssize_t, sendto,
               (int fd, const void* b, size_t n, int f, const struct sockaddr* a, socklen_t l),
               fd, TX1(b, n, f), sendto(fd, b, n, f, a, l))
 RSOCK_TX_HOOK(ssize_t, sendmsg, (int fd, const struct msghdr* m, int f), fd,
-              TXV(m->msg_iov, int(m->msg_iovlen), f), sendmsg(fd, m, f))
+              stream_send(h, s, {m->msg_iov, m->msg_iovlen}, f, &out), sendmsg(fd, m, f))
 RSOCK_TX_HOOK(ssize_t, sendfile, (int o, int in, off_t* off, size_t n), o,
               rsock::preload::stream_sendfile(h, s, in, reinterpret_cast<off64_t*>(off), n, &out),
               sendfile(o, in, off, n))

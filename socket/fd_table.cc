@@ -76,12 +76,18 @@ void FdTable::install(int fd, Socket* s) {
     return;
   }
   s->ref();
-  if (Socket* old = slots_[fd].exchange(s, std::memory_order_acq_rel)) old->unref();
+  s->add_name();
+  if (Socket* old = slots_[fd].exchange(s, std::memory_order_acq_rel)) {
+    old->drop_name();
+    old->unref();
+  }
 }
 
 SocketRef FdTable::remove(int fd) {
   if (fd < 0 || static_cast<size_t>(fd) >= capacity_) return {};
-  return SocketRef(slots_[fd].exchange(nullptr, std::memory_order_acq_rel));
+  Socket* old = slots_[fd].exchange(nullptr, std::memory_order_acq_rel);
+  if (old) old->drop_name();
+  return SocketRef(old);
 }
 
 void FdTable::remove_range(unsigned lo, unsigned hi) {

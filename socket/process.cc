@@ -7,6 +7,7 @@
 #include <new>
 
 #include "socket/rendezvous.h"
+#include "socket/signals.h"
 #include "util/stats.h"
 
 namespace rsock::socket {
@@ -30,6 +31,7 @@ void init_process() {
   int expected = kNotLoaded;
   if (!g_state.compare_exchange_strong(expected, kLoading, std::memory_order_acq_rel)) return;
   g_config = new (g_storage) config::Config(config::load_for_process());
+  signals_scan();  // handlers installed before we were loaded
   if (!g_config->passthrough && g_config->tunables.stats) {
     // Failure only means rsock-stat cannot see us; the library works the same.
     (void)stats::init({.enabled = true, .exe = program_invocation_short_name});

@@ -44,6 +44,10 @@ struct Deadline {
   uint64_t end;
 };
 
+bool valid(const timespec* t) {
+  return !t || (t->tv_sec >= 0 && t->tv_nsec >= 0 && t->tv_nsec < 1000000000);
+}
+
 Stream* governing_stream(const SocketRef& s) {
   if (!s) return nullptr;
   Stream* st = s->stream();
@@ -71,6 +75,7 @@ bool spin(const std::vector<Stream*>& streams, Check&& ready) {
 // ---------------------------------------------------------------------------
 
 Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const sigset_t* mask) {
+  if (!valid(timeout)) return Err(kRedoPlain);  // the kernel answers EINVAL
   // Common case first, without allocating: no upgraded socket in the set.
   nfds_t first = n;
   for (nfds_t i = 0; i < n && first == n; i++)
@@ -327,13 +332,14 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
   int n = 0;
   for (size_t i = 0; i < set->regs.size();) {
     Reg& r = set->regs[i];
-    // The fd was closed (or now names another socket): the kernel forgot it.
-    SocketRef now = lookup(r.fd);
-    if (now.get() != r.sock) {
+    // Linux keeps a registration until the socket's last fd is closed (a dup
+    // keeps it alive, even when the registered fd number is gone).
+    if (r.sock->names() == 0) {
       drop(set, epfd, i);
       continue;
     }
-    Stream* st = governing_stream(now);
+    Stream* st = r.sock->stream();
+    if (st && !st->governs()) st = nullptr;
     if (r.user && !st) {
       to_kernel(set, epfd, r);
     } else if (!r.user && st) {
@@ -377,8 +383,11 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
   std::lock_guard lk(set->mu);
   Reg* r = find(set, fd);
   if (r && r->sock != s.get()) {
-    // Stale entry of a closed fd whose number was reused.
-    drop(set, epfd, size_t(r - set->regs.data()));
+    // The registered fd was closed and its number reused: for the kernel
+    // these are different registrations (file, fd); ours are keyed by fd
+    // alone, so the old one stops being addressable, as in the kernel.
+    if (r->sock->names() == 0) drop(set, epfd, size_t(r - set->regs.data()));
+    else r->fd = -1;
     r = nullptr;
   }
   if (r && r->user) {
@@ -420,7 +429,7 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
 Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timespec* timeout,
                                 const sigset_t* mask) {
   EpollSet* set = set_of(epfd);
-  if (!set || max <= 0) return Err(kRedoPlain);
+  if (!set || max <= 0 || !valid(timeout)) return Err(kRedoPlain);  // kernel's errors
   {
     std::lock_guard lk(set->mu);
     if (set->regs.empty()) return Err(kRedoPlain);

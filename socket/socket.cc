@@ -26,6 +26,7 @@ void Socket::init(int domain, Role role, bool nonblocking) {
   nonblocking_.store(nonblocking, std::memory_order_relaxed);
   established_.store(false, std::memory_order_relaxed);
   fd_ = -1;
+  names_.store(0, std::memory_order_relaxed);
   slot_ = nullptr;
   stream_.store(nullptr, std::memory_order_relaxed);
   // Publishing the count last: a stale reader's try_ref() can only succeed
@@ -109,12 +110,17 @@ void Socket::mark_established() {
   stats::set_state(slot_, stats::ConnState::kEstablished);
 }
 
+void Socket::drop_name() {
+  if (names_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // Last fd closed: the connection is gone for the application. An RDMA
+  // stream still has to deliver what was written: the progress thread
+  // finishes it, and reports in the stats slot until then.
+  socket_released(this);
+}
+
 void Socket::unref() {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  // Last fd closed: the connection is gone. An RDMA stream still has to
-  // deliver what was written: the progress thread finishes it.
-  socket_released(this);
-  if (stream()) slot_ = nullptr;  // the stream reports until it is finished
+  if (stream()) slot_ = nullptr;  // the stream owns and closes the slot
   else if (slot_) stats::close_conn(std::exchange(slot_, nullptr));
   g_pool.push(this);
 }

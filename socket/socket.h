@@ -63,6 +63,14 @@ class Socket {
   Stream* stream() const { return stream_.load(std::memory_order_acquire); }
   void set_stream(Stream* st) { stream_.store(st, std::memory_order_release); }
 
+  // fds naming this socket (the fd table's view). When the last one goes
+  // the connection is closed as far as the application is concerned
+  // (socket_released), even if references (an epoll registration, a call
+  // in progress) keep the object itself alive a little longer.
+  void add_name() { names_.fetch_add(1, std::memory_order_acq_rel); }
+  void drop_name();
+  uint32_t names() const { return names_.load(std::memory_order_acquire); }
+
   // Reference counting (see fd_table.h). try_ref fails once the count is 0:
   // the object is then free or being recycled and must not be used.
   bool try_ref();
@@ -72,6 +80,7 @@ class Socket {
  private:
   friend class SocketPool;
   std::atomic<uint32_t> refs_{0};
+  std::atomic<uint32_t> names_{0};
   int domain_ = 0;
   std::atomic<Role> role_{Role::kUnknown};
   std::atomic<bool> nonblocking_{false};

@@ -334,6 +334,11 @@ void Stream::handle_controls() {
       ready_queued_ = true;
     } else if (m->type == uint8_t(wire::Control::kReady) && m->len == 0 && offer_sent_) {
       ready_rcvd_ = true;
+    } else if (m->type == uint8_t(wire::Control::kReset) && m->len == 0) {
+      err_ = ECONNRESET;
+      set_phase(Phase::kBroken);
+      staging_.clear();
+      return;
     } else {
       break_connection(ECONNRESET, "unexpected switch message");
       return;
@@ -427,6 +432,16 @@ void Stream::detach_after_fork() {
 void Stream::orphan() {
   std::lock_guard lk(mu_);
   orphaned_ = true;
+  linger lg{};
+  socklen_t len = sizeof lg;
+  if (phase() == Phase::kRdma && conn_ &&
+      sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff &&
+      lg.l_linger == 0) {
+    // Abortive close: the peer must see ECONNRESET, not EOF.
+    (void)conn_->send_control(uint8_t(wire::Control::kReset), {});
+    (void)conn_->close();
+    close_started_ = true;
+  }
   linger_deadline_ns_ = now_ns() + 10000ull * 1000000;  // like a kernel FIN_WAIT, bounded
   if (phase() == Phase::kPending) {
     // Nothing moved yet: abandon the rendezvous, the kernel ends the stream.

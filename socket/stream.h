@@ -67,7 +67,7 @@ class Stream {
   // The fds a waiter for `interest` must sleep on; returns how many (<= 3).
   int wait_fds(short interest, pollfd* out);
   // Sleeps until poll_events(interest) may have changed, or timeout.
-  // Returns EINTR if a signal handler ran, else 0.
+  // Returns 0, or EINTR / kRestarted when a signal handler ran (signals.h).
   int wait(short interest, int timeout_ms);
 
   // --- lifecycle (stream.cc), called by rendezvous/progress code.

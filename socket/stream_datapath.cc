@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "socket/process.h"
+#include "socket/signals.h"
 #include "socket/stream.h"
 #include "util/stats.h"
 #include "util/sys.h"
@@ -19,22 +20,6 @@
 namespace rsock::socket {
 
 namespace {
-
-// After a signal interrupted our sleep: would the kernel have restarted the
-// blocking socket call? We cannot see which signal ran, so restart only if
-// every caught signal has SA_RESTART (signal(7)); a socket with a timeout
-// is never restarted.
-bool kernel_would_restart(bool has_timeout) {
-  if (has_timeout) return false;
-  for (int sig = 1; sig < NSIG; sig++) {
-    struct sigaction sa {};
-    if (sigaction(sig, nullptr, &sa) != 0) continue;
-    bool caught = !(sa.sa_flags & SA_SIGINFO) ? (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN)
-                                               : sa.sa_sigaction != nullptr;
-    if (caught && !(sa.sa_flags & SA_RESTART)) return false;
-  }
-  return true;
-}
 
 uint64_t now_ms() {
   timespec ts{};
@@ -188,7 +173,8 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
       if (now >= deadline) return got ? Status<size_t>(got) : Err(EAGAIN);
       left = int(deadline - now);
     }
-    if (wait(POLLIN, left) == EINTR && !kernel_would_restart(timeout >= 0))
+    // A socket with a timeout is never restarted (signal(7)).
+    if (int w = wait(POLLIN, left); w == EINTR || (w == kRestarted && timeout >= 0))
       return got ? Status<size_t>(got) : Err(EINTR);
   }
 }
@@ -226,7 +212,7 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
       if (now >= deadline) return sent ? Status<size_t>(sent) : Err(EAGAIN);
       left = int(deadline - now);
     }
-    if (wait(POLLOUT, left) == EINTR && !kernel_would_restart(timeout >= 0))
+    if (int w = wait(POLLOUT, left); w == EINTR || (w == kRestarted && timeout >= 0))
       return sent ? Status<size_t>(sent) : Err(EINTR);
   }
 }
@@ -338,10 +324,9 @@ int Stream::wait(short interest, int timeout_ms) {
     if (ev < 0 || (ev & (interest | POLLERR | POLLHUP))) return 0;
   }
   sleep_begin();
-  int r = sys::libc.poll(fds, nfds_t(n), timeout_ms);
-  int err = r < 0 ? errno : 0;
+  int err = restartable_poll(fds, nfds_t(n), timeout_ms);
   sleep_end();
-  return err == EINTR ? EINTR : 0;
+  return err;
 }
 
 }  // namespace rsock::socket

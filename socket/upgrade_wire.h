@@ -27,6 +27,8 @@
 //    X sends stream bytes over RDMA only after it has verified Y's marker in
 //    the other direction; Y delivers RDMA bytes only after byte N and a good
 //    marker. A bad marker resets the connection.
+//
+// 3. After the switch: RESET {} (abortive close, SO_LINGER {1,0}).
 #pragma once
 
 #include <cstdint>
@@ -64,6 +66,8 @@ struct Marker {
 static_assert(sizeof(Marker) == 24);
 
 // Application control message types (transport::Connection::send_control).
-enum class Control : uint8_t { kOffer = 1, kReady = 2 };
+// RESET: the peer closed with SO_LINGER {1, 0}; like a TCP RST, the
+// receiver drops what it has not read and reports ECONNRESET.
+enum class Control : uint8_t { kOffer = 1, kReady = 2, kReset = 3 };
 
 }  // namespace rsock::socket::wire

@@ -70,6 +70,9 @@
     (int ep, struct epoll_event* e, int n, const struct timespec* t, const sigset_t* s),    \
     (ep, e, n, t, s))                                                                       \
   X(pid_t, fork, (void), ())                                                                \
+  X(int, sigaction, (int s, const struct sigaction* a, struct sigaction* o), (s, a, o))      \
+  X(sighandler_t, signal, (int s, sighandler_t h), (s, h))                                  \
+  X(sighandler_t, sysv_signal, (int s, sighandler_t h), (s, h))                             \
   X(ssize_t, __read_chk, (int fd, void* b, size_t n, size_t bl), (fd, b, n, bl))           \
   X(ssize_t, __recv_chk, (int fd, void* b, size_t n, size_t bl, int f), (fd, b, n, bl, f))  \
   X(ssize_t, __recvfrom_chk,                                                                \
