@@ -23,14 +23,6 @@ namespace rsock::transport {
 
 namespace {
 
-// RC ACK timeout exponent: 4.096 us * 2^14 = 67 ms per try, 7 tries. Without it
-// rdma_cm on RoCE uses ~1 s per try, and a dead peer would take 7 s to notice.
-constexpr uint8_t kAckTimeoutExp = 14;
-constexpr uint8_t kRetryCount = 7;
-// Receive WRs are accounted for (credits), so an RNR NAK means a bug: with no
-// RNR retries it surfaces as an error completion instead of a silent stall.
-constexpr uint8_t kRnrRetry = 0;
-
 std::byte* map_bytes(size_t n) {
   void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
@@ -148,7 +140,7 @@ Status<void> Connection::create_resources() {
     if (!post_recv(i)) return Err(errno ? errno : ENOMEM);
   if (ibv_req_notify_cq(cq_, 0) != 0) return Err(errno ? errno : EIO);
   cq_armed_ = true;
-  uint8_t tmo = kAckTimeoutExp;
+  uint8_t tmo = wire::kAckTimeoutExp;
   if (rdma_set_option(id_, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof tmo) != 0)
     LOG_WARN("transport: cannot set ACK timeout (errno %d); dead peers are noticed late", errno);
   return Ok();
@@ -190,8 +182,8 @@ Status<void> Connection::handle_cm_event(const rdma_cm_event& ev) {
       rdma_conn_param p{};
       p.private_data = &b;
       p.private_data_len = static_cast<uint8_t>(wire::kSetupHeaderBytes + my_payload_len_);
-      p.retry_count = kRetryCount;
-      p.rnr_retry_count = kRnrRetry;
+      p.retry_count = wire::kRetryCount;
+      p.rnr_retry_count = wire::kRnrRetryCount;
       if (rdma_connect(id_, &p) != 0) {
         fail(errno);
         break;
@@ -294,6 +286,17 @@ Status<void> Connection::close() {
   deadline_ns_ = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;
   flush_pending();
   return progress();
+}
+
+Status<void> Connection::debug_break_silently() {
+  if (!qp_created_) return Err(ENOTCONN);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  if (ibv_modify_qp(id_->qp, &a, IBV_QP_STATE) != 0) return Err(errno);
+  disconnect_sent_ = true;  // flushes are expected now; never send a DREQ
+  err_ = ECONNRESET;
+  state_ = State::kError;
+  return Ok();
 }
 
 uint32_t Connection::qp_num() const { return qp_created_ && id_->qp ? id_->qp->qp_num : 0; }

@@ -126,6 +126,11 @@ class Connection {
   uint64_t rx_position() const { return rx_.tail(); }  // stream bytes consumed
   uint32_t max_inline() const { return max_inline_; }
 
+  // Tests only: moves the QP to the error state without telling the peer
+  // (no DREQ), as if the host had vanished; the peer must notice through its
+  // keepalive. The connection is unusable afterwards.
+  Status<void> debug_break_silently();
+
  private:
   friend class Listener;
   enum class State : uint8_t {

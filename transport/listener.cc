@@ -137,8 +137,8 @@ Status<std::unique_ptr<Connection>> Listener::accept(IncomingRequest req,
   rdma_conn_param p{};
   p.private_data = &b;
   p.private_data_len = static_cast<uint8_t>(wire::kSetupHeaderBytes + payload.size());
-  p.retry_count = 7;
-  p.rnr_retry_count = 0;
+  p.retry_count = wire::kRetryCount;
+  p.rnr_retry_count = wire::kRnrRetryCount;
   if (rdma_accept(c->id_, &p) != 0) return Err(errno);
   c->state_ = Connection::State::kAccepting;
   c->deadline_ns_ = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;

@@ -66,6 +66,18 @@ inline constexpr size_t kMaxControlBytes = 48;     // CONTROL payload limit
 inline constexpr size_t kMaxAppControlBytes = kMaxControlBytes - 1;
 inline constexpr uint16_t kMaxRecvSlots = 1024;
 
+// rdma_cm / QP parameters both sides use (docs/wire-format.md).
+// ACK timeout exponent: 4.096 us * 2^14 = 67 ms per try. Without it rdma_cm on
+// RoCE uses ~0.5-1 s per try and a silently dead peer takes many seconds.
+inline constexpr uint8_t kAckTimeoutExp = 14;
+// 6, not 7: IB gives 7 no special meaning for the transport retry count, but
+// rxe (and some firmware) treats 7 as "retry forever", which would turn a
+// vanished peer into a hang. 7 tries x 67 ms ~ 0.5 s.
+inline constexpr uint8_t kRetryCount = 6;
+// Receive WRs are accounted for (credits), so an RNR NAK means a bug: with no
+// RNR retries it surfaces as an error completion instead of a silent stall.
+inline constexpr uint8_t kRnrRetryCount = 0;
+
 enum class SetupKind : uint8_t { kRequest = 1, kAccept = 2, kReject = 3 };
 
 // Reason codes a reject carries; the active side reports them (reject_reason()).

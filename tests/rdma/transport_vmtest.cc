@@ -1,12 +1,13 @@
 // Two-process tests of transport/ over Soft-RoCE (run inside tools/rxe-vm).
 //   rsock_transport_vmtest <case>
-// Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side noport reject
+// Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side keepalive noport reject
 // Exit 77 with "SKIP: no RDMA device" when the host has no verbs device.
 #include <rdma/rdma_cma.h>
 
 #include <vector>
 
 #include "harness.h"
+#include "util/log.h"
 
 using rsock::Ok;
 using rsock::Status;
@@ -456,6 +457,55 @@ int kill_case(bool reader_survives) {
   return run_pair(server, client, tun, 120, /*client_killed_ok=*/true);
 }
 
+// ---------------------------------------------------------------- keepalive
+// The peer's QP dies without a DREQ (as if its host vanished): an idle
+// survivor must notice through its keepalive within 2 s.
+int keepalive_case() {
+  Tunables tun = test_tunables();
+  if (getenv("RSOCK_TEST_DEBUG")) rsock::log::set_level(rsock::log::Level::kDebug);
+  auto server = [&](rt::Listener& l, pid_t client_pid) -> int {
+    auto c = accept_one(l);
+    char x;
+    CHECK(recv_all(*c, &x, 1), "no byte");
+    uint64_t t0 = rt::now_ns();  // the client breaks its QP right after that byte
+    for (;;) {
+      auto w = c->wait(POLLIN, 100);
+      iovec v{&x, 1};
+      auto r = c->recv({&v, 1}, false);
+      if (!r.ok() && r.error() == EAGAIN) {
+        CHECK(secs_since(t0) < 10, "silent peer not noticed in 10 s (%llu keepalives, %llu completions)",
+              (unsigned long long)c->counters().keepalives, (unsigned long long)c->counters().completions);
+        continue;
+      }
+      double s = secs_since(t0);
+      log_line("keepalive: %s after %.3f s (%llu keepalives sent)",
+               r.ok() ? "EOF" : std::strerror(r.error()), s,
+               (unsigned long long)c->counters().keepalives);
+      CHECK(!r.ok() && r.error() == ECONNRESET, "want ECONNRESET");
+      CHECK(c->counters().keepalives > 0, "noticed without a keepalive?");
+      CHECK(s <= 2.0, "took %.3f s (> 2 s)", s);
+      (void)w;
+      kill(client_pid, SIGKILL);
+      return 0;
+    }
+  };
+  auto client = [&](uint16_t port) -> int {
+    auto c = connect_to(port, tun);
+    char x = 'k';
+    send_all(*c, &x, 1);
+    // Let the byte be acknowledged before the QP goes away.
+    uint64_t t0 = rt::now_ns();
+    while (secs_since(t0) < 0.2) {
+      (void)c->progress();
+      usleep(1000);
+    }
+    CHECK(c->debug_break_silently().ok(), "break");
+    pause();  // until the parent's timeout kill: the process (and its cm_id) stays
+    return 0;
+  };
+  return run_pair(server, client, tun, 30, /*client_killed_ok=*/true);
+}
+
 // ---------------------------------------------------------------- noport
 int noport_case() {
   Tunables tun;  // real default bounds
@@ -605,7 +655,7 @@ int reject_case() {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|bidir|kill_reader_side|kill_writer_side|noport|reject\n", argv[0]);
+    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|bidir|kill_reader_side|kill_writer_side|keepalive|noport|reject\n", argv[0]);
     return 2;
   }
   skip_without_device();
@@ -620,6 +670,7 @@ int main(int argc, char** argv) {
   else if (c == "kill_reader_side") rc = kill_case(true);
   else if (c == "kill_writer_side") rc = kill_case(false);
   else if (c == "noport") rc = noport_case();
+  else if (c == "keepalive") rc = keepalive_case();
   else if (c == "reject") rc = reject_case();
   std::printf("%s: %s in %.1f s\n", c.c_str(), rc == 0 ? "PASS" : "FAIL", secs_since(t0));
   return rc;
