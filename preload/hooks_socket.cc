@@ -135,6 +135,18 @@ RSOCK_HOOK int setsockopt(int fd, int level, int opt, const void* val, socklen_t
 
 RSOCK_HOOK int getsockopt(int fd, int level, int opt, void* val, socklen_t* len) noexcept {
   HookScope h;
+  // SO_ERROR of an upgraded socket: a reset that came over RDMA.
+  if (level == SOL_SOCKET && opt == SO_ERROR && val && len && *len >= sizeof(int)) {
+    if (auto s = h.tracked(fd)) {
+      if (auto* st = rsock::preload::governing(s)) {
+        if (int e = st->take_error()) {
+          *static_cast<int*>(val) = e;
+          *len = sizeof(int);
+          return h.pass(0);
+        }
+      }
+    }
+  }
   return h.pass(real().getsockopt(fd, level, opt, val, len));
 }
 

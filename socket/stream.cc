@@ -429,19 +429,25 @@ void Stream::detach_after_fork() {
   }
 }
 
+// The application closed its last fd of an upgraded connection: FIN after
+// the last byte, or with SO_LINGER {1, 0} a RESET, like the kernel's RST.
+void Stream::begin_close() {
+  if (close_started_ || !conn_) return;
+  close_started_ = true;
+  linger lg{};
+  socklen_t len = sizeof lg;
+  bool abortive = sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 &&
+                  lg.l_onoff && lg.l_linger == 0;
+  // Closing with unread data resets a TCP connection too (RFC 2525).
+  bool unread = staging_.size() > staging_off_ || conn_->readable() > 0;
+  if (abortive || unread) (void)conn_->send_control(uint8_t(wire::Control::kReset), {});
+  (void)conn_->close();
+}
+
 void Stream::orphan() {
   std::lock_guard lk(mu_);
   orphaned_ = true;
-  linger lg{};
-  socklen_t len = sizeof lg;
-  if (phase() == Phase::kRdma && conn_ &&
-      sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff &&
-      lg.l_linger == 0) {
-    // Abortive close: the peer must see ECONNRESET, not EOF.
-    (void)conn_->send_control(uint8_t(wire::Control::kReset), {});
-    (void)conn_->close();
-    close_started_ = true;
-  }
+  if (phase() == Phase::kRdma) begin_close();
   linger_deadline_ns_ = now_ns() + 10000ull * 1000000;  // like a kernel FIN_WAIT, bounded
   if (phase() == Phase::kPending) {
     // Nothing moved yet: abandon the rendezvous, the kernel ends the stream.
@@ -457,10 +463,7 @@ bool Stream::linger_done() {
   Phase p = phase();
   if (p == Phase::kPlain || p == Phase::kBroken || !conn_ || rdma_dead_) return true;
   if (p == Phase::kRdma) {
-    if (!close_started_) {
-      close_started_ = true;
-      (void)conn_->close();
-    }
+    begin_close();
     if (!conn_->progress() || conn_->closed()) return true;
   }
   return now_ns() > linger_deadline_ns_;

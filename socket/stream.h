@@ -60,6 +60,7 @@ class Stream {
   Status<size_t> recv(std::span<const iovec> iov, int flags, bool nonblock);
   Status<size_t> send(std::span<const iovec> iov, int flags, bool nonblock);
   Status<int> fionread();
+  int take_error();  // SO_ERROR: a pending reset, reported once
   Status<void> shutdown(int how);
   // Current readiness (POLLIN/POLLOUT/POLLRDHUP/POLLHUP/POLLERR subset of
   // `interest` plus POLLHUP/POLLERR), after driving progress.
@@ -114,6 +115,7 @@ class Stream {
   void enter_switching();
   void rdma_failed_during_switch();
   void reject_forgery();
+  void begin_close();
   void handle_controls();
   void write_marker();
   void drain_tcp();

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "socket/process.h"
 #include "socket/signals.h"
@@ -84,7 +85,8 @@ Status<size_t> Stream::try_recv(std::span<const iovec> iov, int flags) {
   bool peek = flags & MSG_PEEK;
   Phase p = phase();
   if (p == Phase::kPlain) return Err(kRedoPlain);
-  if (p == Phase::kBroken) return Err(err_ ? err_ : ECONNRESET);
+  // A reset is reported once, then the socket reads as EOF (like the kernel).
+  if (p == Phase::kBroken) return err_ ? Status<size_t>(Err(std::exchange(err_, 0))) : size_t{0};
   // 1. Bytes the library read ahead of the application come first.
   if (size_t n = copy_staging(iov, peek)) {
     if (plain_when_drained_ && staging_.empty()) set_phase(Phase::kPlain);
@@ -119,7 +121,7 @@ Status<size_t> Stream::try_recv(std::span<const iovec> iov, int flags) {
 Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
   Phase p = phase();
   if (p == Phase::kPlain) return Err(kRedoPlain);
-  if (p == Phase::kBroken) return Err(err_ ? err_ : ECONNRESET);
+  if (p == Phase::kBroken) return Err(err_ ? std::exchange(err_, 0) : EPIPE);
   if (wr_shut_) return Err(EPIPE);
   if (tcp_tx_open()) {
     msghdr mh{};
@@ -215,6 +217,12 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
     if (int w = wait(POLLOUT, left); w == EINTR || (w == kRestarted && timeout >= 0))
       return sent ? Status<size_t>(sent) : Err(EINTR);
   }
+}
+
+int Stream::take_error() {
+  std::lock_guard lk(mu_);
+  advance_inline();
+  return phase() == Phase::kBroken ? std::exchange(err_, 0) : 0;
 }
 
 Status<int> Stream::fionread() {

@@ -12,6 +12,7 @@ RSOCK_LOG_LEVEL=info RSOCK_CONF_IPV4=$ADDR LD_PRELOAD=$B/librsock.so \
   timeout 900 "$B/tests/conformance/rsock_conformance" >"$log" 2>&1
 rc=$?
 grep -E "test cases|assertions" "$log"
+grep "summary:" "$log" | head -3
 if [ $rc -ne 0 ]; then
   grep -B2 -A12 -E "ERROR|FATAL|TEST CASE" "$log" | head -150
   echo "FAIL: conformance suite over RDMA (rc=$rc)"
