@@ -101,15 +101,15 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
   Deadline dl(timeout);
   std::vector<pollfd> kfds;
   std::vector<nfds_t> kidx;
-  auto scan = [&]() -> int {
+  auto scan = [&](bool full) -> int {
     int ready = 0;
     kfds.clear();
     kidx.clear();
     for (nfds_t i = 0; i < n; i++) {
       fds[i].revents = 0;
       if (streams[i]) {
-        streams[i]->consume_wake();
-        short ev = streams[i]->poll_events(fds[i].events);
+        if (full) streams[i]->consume_wake();  // a syscall: not while spinning
+        short ev = streams[i]->poll_events(fds[i].events, full);
         if (ev >= 0) {
           fds[i].revents = ev;
           if (ev) ready++;
@@ -129,9 +129,9 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     return ready;
   };
   for (;;) {
-    int ready = scan();
+    int ready = scan(true);
     if (ready || dl.zero()) return ready;
-    if (spin(active, [&] { return (ready = scan()) > 0; })) return ready;
+    if (spin(active, [&] { return (ready = scan(false)) > 0; })) return ready;
     // Sleep on the kernel fds plus each stream's own fds.
     std::vector<pollfd> wait(kfds);
     for (nfds_t i = 0; i < n; i++) {
@@ -147,7 +147,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     for (nfds_t i = 0; i < n; i++)
       if (streams[i]) streams[i]->sleep_end();
     if (r < 0) return Err(err);
-    if (r == 0 && dl.expired()) return scan();
+    if (r == 0 && dl.expired()) return scan(true);
   }
 }
 
@@ -328,7 +328,8 @@ uint32_t to_epoll(short p) {
 
 // Under set->mu: keeps registrations in step with their sockets and returns
 // the user-space events that are due. `streams` collects the live streams.
-int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stream*>* streams) {
+int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stream*>* streams,
+            bool full = true) {
   int n = 0;
   for (size_t i = 0; i < set->regs.size();) {
     Reg& r = set->regs[i];
@@ -353,8 +354,8 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
         if (cfd >= 0) add_internal(epfd, cfd);
       }
       if (!r.disarmed && n < max) {
-        st->consume_wake();
-        short ev = st->poll_events(to_poll(r.events));
+        if (full) st->consume_wake();
+        short ev = st->poll_events(to_poll(r.events), full);
         uint64_t gen = st->generation();
         bool due = ev > 0 && (!(r.events & EPOLLET) || gen != r.last_gen);
         if (ev < 0) {
@@ -462,7 +463,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     if (streams.empty()) continue;  // only internal wakeups: re-collect
     if (spin(streams, [&] {
           std::lock_guard lk(set->mu);
-          return (n = collect(set, epfd, ev, max, nullptr)) > 0;
+          return (n = collect(set, epfd, ev, max, nullptr, false)) > 0;
         }))
       return n;
     // Sleep in the kernel: the streams' wake and connection fds are in the set.

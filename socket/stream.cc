@@ -172,8 +172,8 @@ bool Stream::advance(bool block) {
   return changed;
 }
 
-void Stream::advance_inline() {
-  if (advance_locked()) {
+void Stream::advance_inline(bool full) {
+  if (advance_locked(full)) {
     gen_.fetch_add(1, std::memory_order_acq_rel);
     if (sleepers_.load(std::memory_order_acquire) > 0) {
       uint64_t one = 1;
@@ -184,7 +184,7 @@ void Stream::advance_inline() {
 
 // One step of everything that can progress without blocking. Returns true on
 // a change waiters care about (phase, new data, new room, error).
-bool Stream::advance_locked() {
+bool Stream::advance_locked(bool full) {
   Phase p = phase();
   if (p == Phase::kPlain || p == Phase::kBroken) return false;
   if (!conn_) {
@@ -198,7 +198,7 @@ bool Stream::advance_locked() {
     return false;
   }
   size_t before_r = conn_->readable(), before_w = conn_->writable();
-  auto st = conn_->progress();
+  auto st = full || p != Phase::kRdma ? conn_->progress() : conn_->poll_completions();
   if (!st) {
     if (p == Phase::kPending) {
       auto reason = conn_->reject_reason() != transport::RejectReason::kNone

@@ -64,7 +64,7 @@ class Stream {
   Status<void> shutdown(int how);
   // Current readiness (POLLIN/POLLOUT/POLLRDHUP/POLLHUP/POLLERR subset of
   // `interest` plus POLLHUP/POLLERR), after driving progress.
-  short poll_events(short interest);
+  short poll_events(short interest, bool full = true);
   // The fds a waiter for `interest` must sleep on; returns how many (<= 3).
   int wait_fds(short interest, pollfd* out);
   // Sleeps until poll_events(interest) may have changed, or timeout.
@@ -110,8 +110,10 @@ class Stream {
 
  private:
   // Under mu_:
-  bool advance_locked();
-  void advance_inline();  // advance_locked() + wake sleepers if needed
+  // `full`: also rdma_cm events, timers and CQ re-arming (a syscall or
+  // more); the data path's attempts only poll completions (no syscall).
+  bool advance_locked(bool full = true);
+  void advance_inline(bool full);  // advance_locked() + wake sleepers if needed
   void enter_switching();
   void rdma_failed_during_switch();
   void reject_forgery();

@@ -155,7 +155,7 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
     Status<size_t> r = Err(EAGAIN);
     {
       std::lock_guard lk(mu_);
-      advance_inline();
+      advance_inline(false);
       r = try_recv(cur, flags);
     }
     if (r) {
@@ -192,7 +192,7 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
     Status<size_t> r = Err(EAGAIN);
     {
       std::lock_guard lk(mu_);
-      advance_inline();
+      advance_inline(false);
       r = want ? try_send(cur, flags) : Status<size_t>(size_t{0});
     }
     if (r) {
@@ -221,13 +221,13 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
 
 int Stream::take_error() {
   std::lock_guard lk(mu_);
-  advance_inline();
+  advance_inline(true);
   return phase() == Phase::kBroken ? std::exchange(err_, 0) : 0;
 }
 
 Status<int> Stream::fionread() {
   std::lock_guard lk(mu_);
-  advance_inline();
+  advance_inline(true);
   if (phase() == Phase::kPlain) return Err(kRedoPlain);
   size_t n = staging_.size() - staging_off_;
   if (tcp_rx_open()) {
@@ -241,7 +241,7 @@ Status<int> Stream::fionread() {
 
 Status<void> Stream::shutdown(int how) {
   std::lock_guard lk(mu_);
-  advance_inline();
+  advance_inline(true);
   Phase p = phase();
   if (p == Phase::kPlain) return Err(kRedoPlain);
   if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return Err(EINVAL);
@@ -291,9 +291,9 @@ short Stream::events_locked(short interest) {
   return ev & short(interest | POLLERR | POLLHUP);
 }
 
-short Stream::poll_events(short interest) {
+short Stream::poll_events(short interest, bool full) {
   std::lock_guard lk(mu_);
-  advance_inline();
+  advance_inline(full);
   if (phase() == Phase::kPlain) return -1;
   return events_locked(interest);
 }
@@ -317,7 +317,12 @@ int Stream::wait(short interest, int timeout_ms) {
     timespec t0{}, t{};
     clock_gettime(CLOCK_MONOTONIC, &t0);
     do {
-      if (advance(true) || poll_events(interest) & (interest | POLLERR | POLLHUP)) return 0;
+      {
+        std::lock_guard lk(mu_);
+        advance_inline(false);  // completions only: no syscall while spinning
+        if (phase() != Phase::kRdma || (events_locked(interest) & (interest | POLLERR | POLLHUP)))
+          return 0;
+      }
       clock_gettime(CLOCK_MONOTONIC, &t);
     } while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < spin_us);
   }

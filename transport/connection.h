@@ -86,6 +86,10 @@ class Connection {
   // Handles cm events, completions, deadlines and keepalives. Returns the
   // connection's error once it has one (ECONNREFUSED, ETIMEDOUT, ECONNRESET..).
   Status<void> progress();
+  // The data path's cheap progress: polls the CQ and flushes what waited for
+  // room, without any syscall. Callers still call progress() before they
+  // sleep on fd() and from time to time (timers, rdma_cm events, re-arming).
+  Status<void> poll_completions();
 
   bool established() const { return state_ == State::kEstablished || state_ == State::kClosing; }
   bool connecting() const { return state_ < State::kEstablished; }

@@ -199,6 +199,16 @@ bool Connection::handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_
   return false;
 }
 
+Status<void> Connection::poll_completions() {
+  if (cq_ != nullptr && established()) {
+    bool any = false;
+    while (poll_cq()) any = true;
+    if (any) flush_pending();
+  }
+  if (state_ == State::kError) return Err(err_);
+  return Ok();
+}
+
 bool Connection::poll_cq() {
   ibv_wc wc[kPollBatch];
   int n = ibv_poll_cq(cq_, kPollBatch, wc);
