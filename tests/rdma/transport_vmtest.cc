@@ -412,6 +412,7 @@ int kill_case(bool reader_survives) {
   Tunables tun = test_tunables();
   auto server = [&](rt::Listener& l, pid_t client_pid) -> int {
     auto c = accept_one(l);
+    check_qp_visible(*c);
     std::vector<char> buf(64 * 1024, 'x');
     uint64_t moved = 0, t_kill = 0;
     for (;;) {
