@@ -248,6 +248,7 @@ void* thread_main(void*) {
           }
           busy = true;
         } else {
+          if (st->take_start_request()) st->start_client();
           Phase p = st->phase();
           if (p == Phase::kPending || p == Phase::kSwitching) busy = true;
           (void)st->advance(/*block=*/false);
@@ -332,7 +333,7 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
   Stream* st = new_stream(s, fd, true, local, peer);
   if (!st) return nullptr;
   s->set_stream(st);
-  st->start_client();
+  st->request_start();
   std::lock_guard lk(g_mu);
   poke();
   return st;

@@ -252,6 +252,12 @@ bool Stream::advance_locked(bool full) {
     p = phase();
   }
   if (!rdma_dead_) handle_controls();
+  if (phase() == Phase::kSwitching && out_marker_off_ == 0 && now_ns() > deadline_ns_) {
+    // A silent peer (or a forger that never finishes): our TCP direction is
+    // still clean, so stay on TCP rather than wait forever.
+    revert_to_tcp(stats::FallbackReason::kTimeout, "the switch timed out");
+    return true;
+  }
   if (phase() == Phase::kSwitching) {
     if (!rdma_dead_) write_marker();
     drain_tcp();
@@ -264,6 +270,7 @@ bool Stream::advance_locked(bool full) {
                 conn_->qp_num(), (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
     }
   }
+  if (!conn_) return true;  // reverted to TCP just now
   return p != phase() || conn_->readable() != before_r || conn_->writable() != before_w ||
          phase() == Phase::kSwitching;
 }
@@ -286,26 +293,36 @@ void Stream::rdma_failed_during_switch() {
   }
 }
 
-// Server side: the bytes where the marker should be are not our marker, so
-// the RDMA peer was not our TCP peer (a forged request won the rendezvous).
-// Nothing was injected into TCP yet: those bytes are application data. Hand
-// them to the application and stay on TCP.
-void Stream::reject_forgery() {
-  LOG_WARN("fd %d: RDMA upgrade request did not come from the TCP peer; staying on TCP", tcp_fd_);
+// Back to TCP in the middle of the switch. Safe as long as we have not
+// written our marker: nothing of ours is in the TCP stream but application
+// bytes, so the peer (if it is real) reads what we send next as data where
+// it expected our marker and, being the server, stays on TCP too; or, being
+// the client, never gets a marker from us. Whatever we already drained or
+// took for the peer's marker is application data: it goes to staging.
+// Used when a forged request won the rendezvous (the marker does not match,
+// the OFFER is behind, an unexpected message) and when the switch times out.
+void Stream::revert_to_tcp(stats::FallbackReason reason, const char* why) {
+  LOG_WARN("fd %d: RDMA upgrade abandoned (%s); staying on TCP", tcp_fd_, why);
   auto* b = reinterpret_cast<const std::byte*>(&in_marker_);
   staging_.insert(staging_.end(), b, b + in_marker_got_);
   in_marker_got_ = 0;
-  offer_rcvd_ = offer_sent_ = ready_rcvd_ = false;
+  offer_rcvd_ = offer_sent_ = ready_rcvd_ = verified_ = false;
   offer_queued_ = ready_queued_ = false;
   conn_.reset();
   stats::count_handshake_error();
-  set_phase(Phase::kPending);
-  plain_when_drained_ = true;
-  stats::set_fallback(slot_, stats::FallbackReason::kProtocol);
+  stats::set_fallback(slot_, reason);
+  if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
+  if (staging_.size() > staging_off_) {
+    set_phase(Phase::kPending);  // governs until staging is read, no conn: no retry
+    plain_when_drained_ = true;
+  } else {
+    set_phase(Phase::kPlain);
+  }
 }
 
 void Stream::enter_switching() {
   set_phase(Phase::kSwitching);
+  deadline_ns_ = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
   stats::set_state(slot_, stats::ConnState::kUpgrading);
   // Every TCP write holds mu_, so tcp_tx_ is exactly where our TCP bytes end.
   offer_sent_ = true;
@@ -325,7 +342,10 @@ void Stream::handle_controls() {
     if (m->type == uint8_t(wire::Control::kOffer) && m->len == sizeof(uint64_t) && !offer_rcvd_) {
       std::memcpy(&rx_limit_, m->data, sizeof rx_limit_);
       if (rx_limit_ < tcp_rx_) {
-        break_connection(ECONNRESET, "peer's switch offset is behind what we received");
+        if (out_marker_off_ == 0)
+          revert_to_tcp(stats::FallbackReason::kProtocol, "peer's switch offset is behind our data");
+        else
+          break_connection(ECONNRESET, "peer's switch offset is behind what we received");
         return;
       }
       // We hold mu_, and every TCP read of ours does too: from here on no
@@ -340,7 +360,8 @@ void Stream::handle_controls() {
       staging_.clear();
       return;
     } else {
-      break_connection(ECONNRESET, "unexpected switch message");
+      if (out_marker_off_ == 0) revert_to_tcp(stats::FallbackReason::kProtocol, "unexpected switch message");
+      else break_connection(ECONNRESET, "unexpected switch message");
       return;
     }
   }
@@ -409,7 +430,7 @@ void Stream::drain_tcp() {
   if (in_marker_.magic != wire::kMarkerMagic || in_marker_.cookie != my_cookie_ ||
       in_marker_.offset != rx_limit_) {
     if (!client_ && out_marker_off_ == 0) {
-      reject_forgery();
+      revert_to_tcp(stats::FallbackReason::kProtocol, "the request did not come from the TCP peer");
       return;
     }
     break_connection(ECONNRESET, "switch marker does not match");

@@ -76,6 +76,10 @@ class Stream {
   // Returns true if readiness may have changed.
   bool advance(bool block = true);
   void start_client();                        // begin rdma_cm connect
+  // The connect() hook only asks; the progress thread starts the rdma_cm
+  // connect, so connect() costs the application no rdma_cm syscalls.
+  void request_start() { start_requested_.store(true, std::memory_order_release); }
+  bool take_start_request() { return start_requested_.exchange(false, std::memory_order_acq_rel); }
   void attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie);
   void fall_back(stats::FallbackReason reason);  // give the socket back to the kernel
   // Called when the last application fd is gone. Returns true when the
@@ -116,7 +120,7 @@ class Stream {
   void advance_inline(bool full);  // advance_locked() + wake sleepers if needed
   void enter_switching();
   void rdma_failed_during_switch();
-  void reject_forgery();
+  void revert_to_tcp(stats::FallbackReason reason, const char* why);
   void begin_close();
   void handle_controls();
   void write_marker();
@@ -135,6 +139,7 @@ class Stream {
   std::atomic<bool> governs_{true};
   std::atomic<uint64_t> gen_{0};
   std::atomic<int> sleepers_{0};
+  std::atomic<bool> start_requested_{false};
   const int tcp_fd_;   // our own dup of the kernel socket (CLOEXEC)
   int wake_fd_ = -1;   // eventfd, readable when waiters must re-check
   const bool client_;
