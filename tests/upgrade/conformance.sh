@@ -19,8 +19,10 @@ if [ $rc -ne 0 ]; then
   exit 1
 fi
 # Every test process prints one summary line (forked children too).
-read -r conns ups rtx rrx < <(sed -n 's/.*summary: connections=\([0-9]*\) upgraded=\([0-9]*\) fallbacks=[0-9]* rdma_tx=\([0-9]*\) rdma_rx=\([0-9]*\).*/\1 \2 \3 \4/p' "$log" |
+# (No process substitution: the VM has no /dev/fd.)
+sums=$(sed -n 's/.*summary: connections=\([0-9]*\) upgraded=\([0-9]*\) fallbacks=[0-9]* rdma_tx=\([0-9]*\) rdma_rx=\([0-9]*\).*/\1 \2 \3 \4/p' "$log" |
   awk '{c+=$1; u+=$2; t+=$3; r+=$4} END {print c+0, u+0, t+0, r+0}')
+read -r conns ups rtx rrx <<<"$sums"
 echo "connections=$conns upgraded=$ups rdma_tx=$rtx rdma_rx=$rrx"
 grep "summary:" "$log" | head -3
 if [ "$ups" -lt 1 ] || [ "$rtx" -lt 1000000 ]; then
