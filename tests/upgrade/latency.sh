@@ -8,8 +8,10 @@
 #              negative cache: later connections do not even try)
 #   nocache    client preloaded with negative_cache_ttl_s=0: every
 #              connection starts an rdma_cm connect that the server refuses
-# Fails only if a preloaded median exceeds the plain one by a wide margin
-# (2x + 2 ms): this runs in a TCG VM, where timings are noisy.
+#              (the cost every first connection to a new peer pays)
+# Fails only if the default preloaded median exceeds the plain one by a wide
+# margin (2x + 2 ms): this runs in a TCG VM, where timings are noisy. The
+# nocache number is reported, not judged (not a default configuration).
 # Usage: latency.sh BUILD_DIR [ADDR] [N]
 set -u
 B=$1 ADDR=${2:-10.77.0.1} N=${3:-200}
@@ -32,7 +34,7 @@ measure() {  # name, env...  -> prints the median in us on stdout, details on st
   local rc=$?
   echo "$name: $(grep median_us "$log") $(sed -n 's/.*summary: //p' "$log")" >&2
   [ $rc -eq 0 ] || { echo "FAIL: $name client rc=$rc" >&2; cat "$log" >&2; echo -1; return; }
-  sed -n 's/.*median_us=\([0-9]*\).*/\1/p' "$log"
+  sed -n 's/^median_us=\([0-9]*\).*/\1/p' "$log"
 }
 plain=$(measure plain)
 pre=$(measure preload LD_PRELOAD="$LIB")
@@ -42,11 +44,11 @@ for v in "$plain" "$pre" "$nocache"; do [ "${v:--1}" -lt 0 ] && fail=1; done
 [ $fail = 0 ] || { echo "FAIL: a latency client failed"; exit 1; }
 limit=$((2 * plain + 2000))
 echo "medians (us): plain=$plain preload=$pre preload-nocache=$nocache limit=$limit"
-for v in "$pre" "$nocache"; do
-  if [ "$v" -gt "$limit" ]; then
-    echo "FAIL: preloaded connect-to-first-byte median $v us > 2x plain + 2 ms ($limit us)"
-    fail=1
-  fi
-done
+if [ "$pre" -gt "$limit" ]; then
+  echo "FAIL: preloaded connect-to-first-byte median $pre us > 2x plain + 2 ms ($limit us)"
+  fail=1
+fi
+[ "$nocache" -gt "$limit" ] &&
+  echo "NOTE: without the negative cache each connection costs $((nocache - plain)) us more than plain"
 [ $fail = 0 ] && echo "PASS: latency"
 exit $fail
