@@ -75,7 +75,7 @@ Stream::~Stream() {
   conn_.reset();
   stats::close_conn(slot_);
   if (wake_fd_ >= 0) sys::libc.close(wake_fd_);
-  if (tcp_fd_ >= 0) sys::libc.close(tcp_fd_);
+  if (tcp_fd_ >= 0) sys::libc.close(tcp_fd_);  // kernel FIN (or RST) now
 }
 
 int Stream::progress_fd() const { return conn_ ? conn_->fd() : -1; }
@@ -468,11 +468,26 @@ void Stream::begin_close() {
 void Stream::orphan() {
   std::lock_guard lk(mu_);
   orphaned_ = true;
+  linger lg{};
+  socklen_t len = sizeof lg;
+  if (phase() != Phase::kPlain && phase() != Phase::kRdma &&
+      sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff &&
+      lg.l_linger == 0) {
+    // Abortive close before the switch finished: RST now, on both paths.
+    if (conn_ && conn_->established())
+      (void)conn_->send_control(uint8_t(wire::Control::kReset), {});
+    if (conn_) (void)conn_->close();
+    sys::libc.close(tcp_fd_);  // the last reference: the kernel sends the RST
+    tcp_fd_ = -1;
+    set_phase(Phase::kBroken);
+    return;
+  }
   if (phase() == Phase::kRdma) begin_close();
   linger_deadline_ns_ = now_ns() + 10000ull * 1000000;  // like a kernel FIN_WAIT, bounded
   if (phase() == Phase::kPending) {
     // Nothing moved yet: abandon the rendezvous, the kernel ends the stream.
-    conn_.reset();
+    // (The connection is destroyed by the progress thread: never block close().)
+    if (conn_) (void)conn_->close();
     if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
     set_phase(Phase::kPlain);
   }

@@ -140,7 +140,7 @@ class Stream {
   std::atomic<uint64_t> gen_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> start_requested_{false};
-  const int tcp_fd_;   // our own dup of the kernel socket (CLOEXEC)
+  int tcp_fd_;         // our own dup of the kernel socket (CLOEXEC); -1 once aborted
   int wake_fd_ = -1;   // eventfd, readable when waiters must re-check
   const bool client_;
   sockaddr_storage local_{}, peer_{};

@@ -7,14 +7,14 @@
 set -u
 B=$1 ADDR=${2:-10.77.0.1}
 ls /sys/class/infiniband/* >/dev/null 2>&1 || { echo "SKIP: no RDMA device"; exit 77; }
-log=/tmp/conformance-rdma.log
+log=$B/conformance-rdma.log  # in the build tree: survives the VM
 RSOCK_LOG_LEVEL=info RSOCK_CONF_IPV4=$ADDR LD_PRELOAD=$B/librsock.so \
   timeout 900 "$B/tests/conformance/rsock_conformance" >"$log" 2>&1
 rc=$?
 grep -E "test cases|assertions" "$log"
 grep "summary:" "$log" | head -3
 if [ $rc -ne 0 ]; then
-  grep -B2 -A12 -E "ERROR|FATAL|TEST CASE" "$log" | head -150
+  grep -B2 -A12 -E "ERROR|FATAL|TEST CASE|WATCHDOG" "$log" | grep -v "^librsock" | head -150
   echo "FAIL: conformance suite over RDMA (rc=$rc)"
   exit 1
 fi
