@@ -27,6 +27,7 @@
 #include "transport/listener.h"
 #include "util/log.h"
 #include "util/stats.h"
+#include "util/clock.h"
 #include "util/sys.h"
 
 namespace rsock::socket {
@@ -36,11 +37,6 @@ namespace {
 constexpr int kBusyTickMs = 1;
 constexpr int kIdleTickMs = 50;
 
-uint64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
 
 uint16_t port_of(const sockaddr_storage& a) {
   return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);  // same offset in v6

@@ -14,17 +14,13 @@
 #include "socket/fd_table.h"
 #include "socket/process.h"
 #include "socket/stream.h"
+#include "util/clock.h"
 #include "util/sys.h"
 
 namespace rsock::socket {
 
 namespace {
 
-uint64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
 
 // Deadline arithmetic for timeouts given as timespec (null: forever).
 struct Deadline {

@@ -15,17 +15,13 @@
 #include "socket/rendezvous.h"
 #include "util/log.h"
 #include "util/stats.h"
+#include "util/clock.h"
 #include "util/sys.h"
 
 namespace rsock::socket {
 
 namespace {
 
-uint64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
 
 uint64_t random_cookie() {
   uint64_t c = 0;
@@ -73,6 +69,10 @@ Stream::Stream(int tcp_fd, bool client, const sockaddr_storage& local,
 Stream::~Stream() {
   g_streams_alive.fetch_sub(1, std::memory_order_relaxed);
   conn_.reset();
+  if (slot_)
+    LOG_DEBUG("fd %d: stream finished: rdma tx/rx %llu/%llu bytes", tcp_fd_,
+              (unsigned long long)slot_->traffic.tx_bytes[1].load(),
+              (unsigned long long)slot_->traffic.rx_bytes[1].load());
   stats::close_conn(slot_);
   if (wake_fd_ >= 0) sys::libc.close(wake_fd_);
   if (tcp_fd_ >= 0) sys::libc.close(tcp_fd_);  // kernel FIN (or RST) now

@@ -15,7 +15,7 @@
 #include <bit>
 #include <cstring>
 
-#include "transport/clock.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/sys.h"
 

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "transport/clock.h"
+#include "util/clock.h"
 #include "transport/connection.h"
 #include "util/log.h"
 

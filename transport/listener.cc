@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-#include "transport/clock.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/sys.h"
 

@@ -44,10 +44,10 @@ int pingpong(size_t size, int iters) {
     std::vector<double> us;
     us.reserve(iters);
     for (int i = 0; i < iters + 10; ++i) {  // 10 warm-up rounds
-      uint64_t t0 = rt::now_ns();
+      uint64_t t0 = rsock::now_ns();
       send_all(*c, buf.data(), size);
       CHECK(recv_all(*c, buf.data(), size), "EOF");
-      if (i >= 10) us.push_back(double(rt::now_ns() - t0) / 2000.0);
+      if (i >= 10) us.push_back(double(rsock::now_ns() - t0) / 2000.0);
     }
     CHECK(c->counters().data_wrs > 0, "no RDMA writes");
     double avg = 0;
@@ -91,7 +91,7 @@ int stream(size_t size, size_t mib, uint32_t spin_us) {
   auto client = [&](uint16_t port) -> int {
     auto c = connect_to(port, tun);
     std::vector<char> buf(size, 's');
-    uint64_t t0 = rt::now_ns();
+    uint64_t t0 = rsock::now_ns();
     for (uint64_t sent = 0; sent < total; sent += size) send_all(*c, buf.data(), size);
     char ack;
     CHECK(recv_all(*c, &ack, 1), "no ack");

@@ -20,7 +20,7 @@
 #include <functional>
 #include <string>
 
-#include "transport/clock.h"
+#include "util/clock.h"
 #include "transport/connection.h"
 #include "transport/listener.h"
 
@@ -64,7 +64,7 @@ inline sockaddr_in server_addr(uint16_t port) {
   return a;
 }
 
-inline double secs_since(uint64_t t0) { return double(rt::now_ns() - t0) / 1e9; }
+inline double secs_since(uint64_t t0) { return double(rsock::now_ns() - t0) / 1e9; }
 
 inline void raise_fd_limit() {
   rlimit r;
@@ -75,7 +75,7 @@ inline void raise_fd_limit() {
 
 // Drives a connection to ESTABLISHED (or fails the test).
 inline void wait_established(rt::Connection& c, int timeout_ms = 10000) {
-  uint64_t t0 = rt::now_ns();
+  uint64_t t0 = rsock::now_ns();
   while (!c.established()) {
     auto s = c.progress();
     CHECK(s.ok(), "connection failed during setup: errno %d (%s), reject reason %d", s.error(),
@@ -90,7 +90,7 @@ inline void wait_established(rt::Connection& c, int timeout_ms = 10000) {
 // Accepts one connection on `l` and drives it to ESTABLISHED.
 inline std::unique_ptr<rt::Connection> accept_one(rt::Listener& l,
                                                   std::span<const std::byte> payload = {}) {
-  uint64_t t0 = rt::now_ns();
+  uint64_t t0 = rsock::now_ns();
   for (;;) {
     auto r = l.next_request();
     if (r.ok()) {
@@ -264,7 +264,7 @@ inline int run_pair(const std::function<int(rt::Listener&, pid_t client_pid)>& s
   }
   CHECK(write(pid_pipe[1], &c, sizeof c) == sizeof c, "write pid");
   int rc = 0;
-  uint64_t t0 = rsock::transport::now_ns();
+  uint64_t t0 = rsock::now_ns();
   for (pid_t who : {s, c}) {
     int st = 0;
     for (;;) {

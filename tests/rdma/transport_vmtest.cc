@@ -41,7 +41,7 @@ int stream_case() {
     auto c = accept_one(l);
     check_qp_visible(*c);
     std::vector<char> body(kMaxFrame);
-    uint64_t bytes = 0, frames = 0, t0 = rt::now_ns();
+    uint64_t bytes = 0, frames = 0, t0 = rsock::now_ns();
     for (;;) {
       FrameHeader h;
       CHECK(recv_all(*c, &h, sizeof h), "EOF before end frame");
@@ -214,7 +214,7 @@ int halfclose_case() {
     CHECK(!r.ok() && r.error() == EPIPE, "send after shutdown_write should be EPIPE");
     CHECK(c->counters().data_wrs > 0 && c->counters().data_recvs > 0, "no RDMA traffic counted");
     c->close().ok();
-    uint64_t t0 = rt::now_ns();
+    uint64_t t0 = rsock::now_ns();
     while (!c->closed() && secs_since(t0) < 10) (void)c->wait(POLLIN, 100);
     CHECK(c->closed(), "close() did not complete");
     return 0;
@@ -248,7 +248,7 @@ int many_case() {
   auto server = [&](rt::Listener& l, pid_t) -> int {
     std::vector<std::unique_ptr<rt::Connection>> conns;
     std::vector<size_t> echoed;
-    uint64_t t0 = rt::now_ns();
+    uint64_t t0 = rsock::now_ns();
     int done = 0;
     while (done < kConns) {
       CHECK(secs_since(t0) < 400, "only %d of %d connections served", done, kConns);
@@ -290,7 +290,7 @@ int many_case() {
   auto client = [&](uint16_t port) -> int {
     std::vector<std::unique_ptr<rt::Connection>> conns;
     sockaddr_in a = server_addr(port);
-    uint64_t t0 = rt::now_ns();
+    uint64_t t0 = rsock::now_ns();
     for (int i = 0; i < kConns; ++i) {  // all setups in flight at once
       auto c = rt::Connection::connect(reinterpret_cast<sockaddr*>(&a), nullptr, {}, tun);
       CHECK(c.ok(), "connect #%d: %s", i, std::strerror(c.error()));
@@ -342,7 +342,7 @@ int bidir_one_side(rt::Connection& c, uint64_t seed_out, uint64_t seed_in, size_
   std::vector<char> obuf(3000), ibuf(5000), want(5000);
   size_t sent = 0, got = 0, opos = obuf.size(), olen = obuf.size();
   bool fin = false;
-  uint64_t t0 = rt::now_ns();
+  uint64_t t0 = rsock::now_ns();
   while (got < total || !fin) {
     CHECK(secs_since(t0) < 200, "bidir stuck: sent %zu got %zu", sent, got);
     bool moved = false;
@@ -418,7 +418,7 @@ int kill_case(bool reader_survives) {
     for (;;) {
       if (t_kill == 0 && moved >= (4u << 20)) {
         CHECK(kill(client_pid, SIGKILL) == 0, "kill");
-        t_kill = rt::now_ns();
+        t_kill = rsock::now_ns();
         log_line("kill: peer %d killed after %llu bytes", client_pid, (unsigned long long)moved);
       }
       iovec v{buf.data(), buf.size()};
@@ -468,7 +468,7 @@ int keepalive_case() {
     auto c = accept_one(l);
     char x;
     CHECK(recv_all(*c, &x, 1), "no byte");
-    uint64_t t0 = rt::now_ns();  // the client breaks its QP right after that byte
+    uint64_t t0 = rsock::now_ns();  // the client breaks its QP right after that byte
     for (;;) {
       auto w = c->wait(POLLIN, 100);
       iovec v{&x, 1};
@@ -495,7 +495,7 @@ int keepalive_case() {
     char x = 'k';
     send_all(*c, &x, 1);
     // Let the byte be acknowledged before the QP goes away.
-    uint64_t t0 = rt::now_ns();
+    uint64_t t0 = rsock::now_ns();
     while (secs_since(t0) < 0.2) {
       (void)c->progress();
       usleep(1000);
@@ -511,7 +511,7 @@ int keepalive_case() {
 int noport_case() {
   Tunables tun;  // real default bounds
   sockaddr_in a = server_addr(1);  // rdma_cm TCP port space: nobody listens on 1
-  uint64_t t0 = rt::now_ns();
+  uint64_t t0 = rsock::now_ns();
   auto c = rt::Connection::connect(reinterpret_cast<sockaddr*>(&a), nullptr, {}, tun);
   int err = c.ok() ? 0 : c.error();
   while (err == 0) {
@@ -530,7 +530,7 @@ int noport_case() {
   // (resolve_timeout_ms, twice, + connect_timeout_ms) must end it.
   sockaddr_in gone = server_addr(1);
   inet_pton(AF_INET, "10.77.0.99", &gone.sin_addr);
-  t0 = rt::now_ns();
+  t0 = rsock::now_ns();
   auto g = rt::Connection::connect(reinterpret_cast<sockaddr*>(&gone), nullptr, {}, tun);
   err = g.ok() ? 0 : g.error();
   while (err == 0) {
@@ -600,7 +600,7 @@ int reject_case() {
   auto bytes = [](const char* s) { return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s), std::strlen(s)); };
   auto server = [&](rt::Listener& l, pid_t) -> int {
     int handled = 0;
-    uint64_t t0 = rt::now_ns();
+    uint64_t t0 = rsock::now_ns();
     std::unique_ptr<rt::Connection> keep;
     while (handled < 2) {
       CHECK(secs_since(t0) < 60, "requests missing");
@@ -632,7 +632,7 @@ int reject_case() {
     auto c = rt::Connection::connect(reinterpret_cast<sockaddr*>(&a), nullptr, bytes("refuse-me"), tun);
     CHECK(c.ok(), "connect");
     Status<void> st = Ok();
-    uint64_t t0 = rt::now_ns();
+    uint64_t t0 = rsock::now_ns();
     while (st.ok() && secs_since(t0) < 20) {
       pollfd p{c.value()->fd(), POLLIN, 0};
       poll(&p, 1, 100);
@@ -661,7 +661,7 @@ int main(int argc, char** argv) {
   }
   skip_without_device();
   std::string c = argv[1];
-  uint64_t t0 = rt::now_ns();
+  uint64_t t0 = rsock::now_ns();
   int rc = 2;
   if (c == "stream") rc = stream_case();
   else if (c == "slowreader") rc = slowreader_case();

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace rsock::transport {
+namespace rsock {
 
 inline uint64_t now_ns() {
   timespec ts;
@@ -13,4 +13,4 @@ inline uint64_t now_ns() {
   return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
 }
 
-}  // namespace rsock::transport
+}  // namespace rsock
