@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -424,12 +425,23 @@ void log_exit_summary() {
     }
   }
   uint64_t fallbacks = 0;
-  for (auto& f : pc->fallbacks) fallbacks += f.load();
+  char why[256] = "";
+  size_t off = 0;
+  for (int r = 0; r < stats::kFallbackReasons; r++) {
+    uint64_t n = pc->fallbacks[r].load();
+    fallbacks += n;
+    if (n && off < sizeof why)
+      off += size_t(snprintf(why + off, sizeof why - off, " %s=%llu",
+                             stats::fallback_reason_name(stats::FallbackReason(r)),
+                             (unsigned long long)n));
+  }
   LOG_INFO("summary: connections=%llu upgraded=%llu fallbacks=%llu rdma_tx=%llu rdma_rx=%llu "
-           "tcp_tx=%llu tcp_rx=%llu (bytes: closed connections and live upgraded ones)",
+           "tcp_tx=%llu tcp_rx=%llu (bytes: closed connections and live upgraded ones;"
+           " fallbacks:%s)",
            (unsigned long long)pc->conns_seen.load(), (unsigned long long)pc->conns_upgraded.load(),
            (unsigned long long)fallbacks, (unsigned long long)tx[kRdma],
-           (unsigned long long)rx[kRdma], (unsigned long long)tx[kTcp], (unsigned long long)rx[kTcp]);
+           (unsigned long long)rx[kRdma], (unsigned long long)tx[kTcp], (unsigned long long)rx[kTcp],
+           off ? why : " none");
 }
 
 void progress_after_fork_child() {

@@ -25,8 +25,11 @@ sums=$(sed -n 's/.*summary: connections=\([0-9]*\) upgraded=\([0-9]*\) fallbacks
 read -r conns ups rtx rrx <<<"$sums"
 echo "connections=$conns upgraded=$ups rdma_tx=$rtx rdma_rx=$rrx"
 grep "summary:" "$log" | head -3
-if [ "$ups" -lt 1 ] || [ "$rtx" -lt 1000000 ]; then
-  echo "FAIL: the suite passed but its traffic did not go over RDMA"
+# Many cases open a connection and close it within a few calls, before any
+# rendezvous could finish (and some are meant to fail: refused connects), so
+# not every connection upgrades; but a good share must, with real traffic.
+if [ "$ups" -lt $((conns / 4)) ] || [ "$rtx" -lt 100000 ] || [ "$rrx" -lt 100000 ]; then
+  echo "FAIL: the suite passed but too little of it went over RDMA"
   exit 1
 fi
 echo "PASS: conformance over RDMA"
