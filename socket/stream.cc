@@ -271,6 +271,13 @@ bool Stream::advance_locked(bool full) {
     }
   }
   if (!conn_) return true;  // reverted to TCP just now
+  if (full && slot_ && phase() == Phase::kRdma) {
+    // Gauges for rsock-stat: refreshed off the hot path (waits, progress ticks).
+    auto g = conn_->gauges();
+    slot_->set_ring_bytes(g.ring_bytes);
+    slot_->set_ring_fill(g.send_ring_used, g.recv_ring_used);
+    slot_->set_credits(g.credit_bytes);
+  }
   return p != phase() || conn_->readable() != before_r || conn_->writable() != before_w ||
          phase() == Phase::kSwitching;
 }

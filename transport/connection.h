@@ -126,6 +126,14 @@ class Connection {
   }
   uint32_t qp_num() const;
   const Counters& counters() const { return ctr_; }
+  // Ring occupancy and credit, for rsock-stat.
+  struct Gauges {
+    uint32_t ring_bytes;      // capacity of each ring
+    uint32_t send_ring_used;  // bytes in our send ring not yet acknowledged
+    uint32_t recv_ring_used;  // bytes in our receive ring not yet read
+    uint32_t credit_bytes;    // bytes the peer's ring can take now
+  };
+  Gauges gauges() const;
   uint64_t tx_position() const { return tx_.head(); }  // stream bytes sent
   uint64_t rx_position() const { return rx_.tail(); }  // stream bytes consumed
   uint32_t max_inline() const { return max_inline_; }

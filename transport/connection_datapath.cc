@@ -253,6 +253,11 @@ bool Connection::poll_cq() {
 
 size_t Connection::readable() const { return rx_.readable(); }
 
+Connection::Gauges Connection::gauges() const {
+  return {ring_bytes_, static_cast<uint32_t>(ring_bytes_ - sring_.free_bytes()),
+          static_cast<uint32_t>(rx_.readable()), static_cast<uint32_t>(tx_.free_bytes())};
+}
+
 size_t Connection::writable() const {
   if (!established() || state_ != State::kEstablished || fin_pending_ || peer_closed_) return 0;
   if (sq_free() < 2 || tx_.free_slots() < 2) return 0;
