@@ -197,7 +197,10 @@ bool Stream::advance_locked(bool full) {
     }
     return false;
   }
+  // What waiters care about: a change in any of these must wake them (the
+  // progress thread may have taken the completion event they sleep on).
   size_t before_r = conn_->readable(), before_w = conn_->writable();
+  bool before_eof = conn_->eof();
   auto st = full || p != Phase::kRdma ? conn_->progress() : conn_->poll_completions();
   if (!st) {
     if (p == Phase::kPending) {
@@ -279,7 +282,7 @@ bool Stream::advance_locked(bool full) {
     slot_->set_credits(g.credit_bytes);
   }
   return p != phase() || conn_->readable() != before_r || conn_->writable() != before_w ||
-         phase() == Phase::kSwitching;
+         conn_->eof() != before_eof || conn_->error() != 0 || phase() == Phase::kSwitching;
 }
 
 // The RDMA connection died before the switch completed (typically: the peer
