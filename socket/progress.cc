@@ -411,10 +411,16 @@ void log_exit_summary() {
   stats::ProcessCounters* pc = stats::process();
   if (!pc || log::level() < log::Level::kInfo) return;
   constexpr int kTcp = int(stats::Transport::kTcp), kRdma = int(stats::Transport::kRdma);
-  uint64_t tx[2] = {pc->closed.tx_bytes[kTcp].load(), pc->closed.tx_bytes[kRdma].load()};
-  uint64_t rx[2] = {pc->closed.rx_bytes[kTcp].load(), pc->closed.rx_bytes[kRdma].load()};
+  uint64_t tx[2], rx[2];
   {
+    // Under the registry lock: the progress thread finishes a stream (moves its
+    // bytes into `closed` and drops it from the list) under the same lock, so
+    // every stream is counted exactly once.
     std::lock_guard lk(g_mu);
+    tx[kTcp] = pc->closed.tx_bytes[kTcp].load();
+    tx[kRdma] = pc->closed.tx_bytes[kRdma].load();
+    rx[kTcp] = pc->closed.rx_bytes[kTcp].load();
+    rx[kRdma] = pc->closed.rx_bytes[kRdma].load();
     for (Stream* st : g_streams) {
       if (stats::ConnSlot* sl = st->slot()) {
         for (int t : {kTcp, kRdma}) {
