@@ -255,9 +255,12 @@ bool Stream::advance_locked(bool full) {
     p = phase();
   }
   if (!rdma_dead_) handle_controls();
-  if (phase() == Phase::kSwitching && out_marker_off_ == 0 && now_ns() > deadline_ns_) {
+  if (phase() == Phase::kSwitching && out_marker_off_ == 0 && !ready_sent_ &&
+      now_ns() > deadline_ns_) {
     // A silent peer (or a forger that never finishes): our TCP direction is
-    // still clean, so stay on TCP rather than wait forever.
+    // still clean and the peer was never told to write its marker, so what
+    // comes next on TCP is data: stay on TCP rather than wait forever. (Once
+    // READY went out, a real peer may be writing its marker: then we wait.)
     revert_to_tcp(stats::FallbackReason::kTimeout, "the switch timed out");
     return true;
   }
@@ -316,7 +319,7 @@ void Stream::revert_to_tcp(stats::FallbackReason reason, const char* why) {
   auto* b = reinterpret_cast<const std::byte*>(&in_marker_);
   staging_.insert(staging_.end(), b, b + in_marker_got_);
   in_marker_got_ = 0;
-  offer_rcvd_ = offer_sent_ = ready_rcvd_ = verified_ = false;
+  offer_rcvd_ = offer_sent_ = ready_rcvd_ = verified_ = ready_sent_ = false;
   offer_queued_ = ready_queued_ = false;
   conn_.reset();
   stats::count_handshake_error();
@@ -375,8 +378,10 @@ void Stream::handle_controls() {
       return;
     }
   }
-  if (ready_queued_ && conn_->send_control(uint8_t(wire::Control::kReady), {}))
+  if (ready_queued_ && conn_->send_control(uint8_t(wire::Control::kReady), {})) {
     ready_queued_ = false;
+    ready_sent_ = true;
+  }
 }
 
 // The client writes its marker as soon as the server is READY; the server

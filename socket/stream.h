@@ -156,7 +156,7 @@ class Stream {
   wire::Marker out_marker_{};
   size_t out_marker_off_ = 0;
   // Peer's direction (rx): OFFER -> READY -> drain to limit -> MARKER check.
-  bool offer_rcvd_ = false, ready_queued_ = false, verified_ = false;
+  bool offer_rcvd_ = false, ready_queued_ = false, ready_sent_ = false, verified_ = false;
   uint64_t rx_limit_ = 0;
   wire::Marker in_marker_{};
   size_t in_marker_got_ = 0;
