@@ -10,7 +10,7 @@ namespace rsock::config {
 
 struct Tunables {
   // Transport (rdma) ----------------------------------------------------------
-  uint32_t ring_bytes = 256 * 1024;   // each of a connection's send and receive rings
+  uint32_t ring_bytes = 512 * 1024;   // each of a connection's send and receive rings
   uint32_t inline_threshold = 64;     // writes up to this size are posted inline
   uint32_t spin_us = 20;              // busy-poll the CQ this long before sleeping
   uint32_t resolve_timeout_ms = 500;  // rdma_resolve_addr / rdma_resolve_route bound
