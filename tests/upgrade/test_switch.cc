@@ -391,9 +391,11 @@ TEST_CASE("a_bidirectional_across_switch") {
     CHECK(vs.transport == 1);
     CHECK(vc.rdma_tx > 0);
     CHECK(vc.rdma_rx > 0);
-    // Writing started right at connect: the first bytes went on TCP.
-    CHECK(vc.tcp_tx > 0);
-    CHECK(vs.tcp_tx > 0);
+    // Writing started right at connect, so the switch landed inside the
+    // stream: at least one direction carried bytes on TCP before it. (Which
+    // one is a race: the server cannot write before accept(), and the switch
+    // may complete before its first write.)
+    CHECK(vc.tcp_tx + vs.tcp_tx > 0);
     CHECK(vs.rdma_tx > 0);
     CHECK(vs.rdma_rx > 0);
     MESSAGE("client " << describe(vc));

@@ -22,7 +22,10 @@ rdma link show 2>&1
 W=$(mktemp -d /tmp/vm-ctest.XXXXXX)
 printf 'subdirs("%s")\n' "$BUILD" > "$W/CTestTestfile.cmake"
 LOG=$W/ctest.out
-(cd "$W" && ctest -L "$LABELS" -LE vm --output-on-failure) 2>&1 | tee "$LOG"
+# A failing test is run once more before it counts as failed: the guest is a
+# TCG emulation on a shared 2-core host, where a handful of timing-bound VM
+# tests have shown rare flakes (docs/TESTING.md). A test that fails twice fails.
+(cd "$W" && ctest -L "$LABELS" -LE vm --output-on-failure --repeat until-pass:2) 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 # Belt and braces: a pass needs ctest's own all-passed summary line too.
 grep -q '^100% tests passed' "$LOG" || { [ $rc = 0 ] && rc=1; }
