@@ -114,8 +114,11 @@ RSOCK_HOOK int ioctl(int fd, unsigned long req, ...) noexcept {
     if (auto s = h.tracked(fd)) {
       if (auto* st = rsock::preload::governing(s)) {
         auto n = st->fionread();
-        if (n) *static_cast<int*>(arg) = *n;
-        if (n || n.error() != rsock::socket::kRedoPlain) return h.finish(rsock::Status<void>(n ? rsock::Status<void>() : rsock::Err(n.error())));
+        if (n) {
+          *static_cast<int*>(arg) = *n;
+          return h.pass(0);
+        }
+        if (n.error() != rsock::socket::kRedoPlain) return h.finish(rsock::Status<void>(rsock::Err(n.error())));
       }
     }
   }

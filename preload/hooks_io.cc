@@ -22,8 +22,11 @@ ssize_t mmsg_bytes(const struct mmsghdr* m, int n) {
   return total;
 }
 
-bool stream_recv(HookScope& h, const socket::SocketRef& s, std::span<const iovec> iov, int flags,
-                 ssize_t* out) {
+// One body for both directions: the stream call differs, and a send that
+// hits EPIPE raises SIGPIPE unless MSG_NOSIGNAL, as the kernel would.
+template <bool kSend>
+static bool stream_io(HookScope& h, const socket::SocketRef& s, std::span<const iovec> iov,
+                      int flags, ssize_t* out) {
   socket::Stream* st = governing(s);
   if (!st) return false;
   if (iov.size() > UIO_MAXIOV) {
@@ -31,26 +34,22 @@ bool stream_recv(HookScope& h, const socket::SocketRef& s, std::span<const iovec
     return true;
   }
   bool nonblock = s->nonblocking() || (flags & MSG_DONTWAIT);
-  auto r = st->recv(iov, flags, nonblock);
+  auto r = kSend ? st->send(iov, flags, nonblock) : st->recv(iov, flags, nonblock);
   if (!r && r.error() == socket::kRedoPlain) return false;
+  if (kSend && !r && r.error() == EPIPE && !(flags & MSG_NOSIGNAL))
+    pthread_kill(pthread_self(), SIGPIPE);
   *out = r ? h.finish(Status<ssize_t>(ssize_t(*r))) : h.finish(Status<ssize_t>(Err(r.error())));
   return true;
 }
 
+bool stream_recv(HookScope& h, const socket::SocketRef& s, std::span<const iovec> iov, int flags,
+                 ssize_t* out) {
+  return stream_io<false>(h, s, iov, flags, out);
+}
+
 bool stream_send(HookScope& h, const socket::SocketRef& s, std::span<const iovec> iov, int flags,
                  ssize_t* out) {
-  socket::Stream* st = governing(s);
-  if (!st) return false;
-  if (iov.size() > UIO_MAXIOV) {
-    *out = h.finish(Status<ssize_t>(Err(EMSGSIZE)));
-    return true;
-  }
-  bool nonblock = s->nonblocking() || (flags & MSG_DONTWAIT);
-  auto r = st->send(iov, flags, nonblock);
-  if (!r && r.error() == socket::kRedoPlain) return false;
-  if (!r && r.error() == EPIPE && !(flags & MSG_NOSIGNAL)) pthread_kill(pthread_self(), SIGPIPE);
-  *out = r ? h.finish(Status<ssize_t>(ssize_t(*r))) : h.finish(Status<ssize_t>(Err(r.error())));
-  return true;
+  return stream_io<true>(h, s, iov, flags, out);
 }
 
 // sendfile onto an upgraded socket: read the file ourselves, then send.
