@@ -32,7 +32,7 @@ const char* fallback_reason_name(FallbackReason r) {
   static const char* const kNames[kFallbackReasons] = {
       "none",           "policy",  "peer_not_rsock", "no_device",   "resolve_failed",
       "connect_failed", "timeout", "negative_cache", "resources",   "protocol",
-      "unsupported",    "peer_closed", "other"};
+      "unsupported",    "peer_closed", "forked",      "other"};
   auto i = static_cast<unsigned>(r);
   return i < kFallbackReasons ? kNames[i] : "unknown";
 }

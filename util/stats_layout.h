@@ -18,7 +18,7 @@ namespace rsock::stats {
 // "RSOCKST" + NUL, little-endian. Written last, with release order, once the
 // rest of the header is valid: a reader that sees 0 skips a file in creation.
 constexpr uint64_t kMagic = 0x0054534b434f5352ull;
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;  // 2: fallback reason kForked
 constexpr uint32_t kInitialSlots = 64;
 constexpr uint32_t kMaxFiles = 20;  // main + 19 extensions, doubling: ~33M slots
 
@@ -49,9 +49,10 @@ enum class FallbackReason : uint8_t {
   kProtocol = 9,        // unexpected rendezvous message / version
   kUnsupported = 10,    // app used something RDMA path cannot do (e.g. MSG_OOB)
   kPeerClosed = 11,     // peer went away during the upgrade
-  kOther = 12,
+  kForked = 12,         // fork() while the upgrade was pending: two processes own the fd
+  kOther = 13,
 };
-constexpr int kFallbackReasons = 13;
+constexpr int kFallbackReasons = 14;
 
 const char* transport_name(Transport t);
 const char* state_name(ConnState s);
