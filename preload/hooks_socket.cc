@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include "preload/hook.h"
+#include "preload/librsock.h"
 #include "socket/process.h"
 #include "socket/readiness.h"
 #include "socket/rendezvous.h"
@@ -54,6 +55,25 @@ static int accept_common(HookScope& h, int fd, int r, int flags) {
     forget(r);
   }
   return h.pass(r);
+}
+
+// getsockopt(SOL_RSOCK, RSOCK_TRANSPORT) of a tracked socket (preload/librsock.h).
+static Status<void> transport_of(const socket::SocketRef& s, void* val, socklen_t* len) {
+  if (!val || !len) return Err(EFAULT);
+  if (*len < sizeof(int)) return Err(EINVAL);
+  int t = RSOCK_TRANSPORT_TCP;
+  if (socket::Stream* st = s->stream()) {
+    switch (st->phase()) {
+      case socket::Phase::kPending:
+      case socket::Phase::kSwitching: t = RSOCK_TRANSPORT_UPGRADING; break;
+      case socket::Phase::kRdma: t = RSOCK_TRANSPORT_RDMA; break;
+      case socket::Phase::kBroken: t = RSOCK_TRANSPORT_BROKEN; break;
+      case socket::Phase::kPlain: break;
+    }
+  }
+  *static_cast<int*>(val) = t;
+  *len = sizeof(int);
+  return {};
 }
 
 }  // namespace rsock::preload
@@ -135,6 +155,8 @@ RSOCK_HOOK int setsockopt(int fd, int level, int opt, const void* val, socklen_t
 
 RSOCK_HOOK int getsockopt(int fd, int level, int opt, void* val, socklen_t* len) noexcept {
   HookScope h;
+  if (level == SOL_RSOCK && opt == RSOCK_TRANSPORT)
+    if (auto s = h.tracked(fd)) return h.finish(rsock::preload::transport_of(s, val, len));
   // SO_ERROR of an upgraded socket: a reset that came over RDMA.
   if (level == SOL_SOCKET && opt == SO_ERROR && val && len && *len >= sizeof(int)) {
     if (auto s = h.tracked(fd)) {

@@ -1,0 +1,28 @@
+/* librsock.h -- what a program (or a test) may ask librsock at run time.
+ *
+ * Nothing here is needed to use librsock: unmodified programs never call it.
+ * It lets a program, a test or a debugging session ask which transport a TCP
+ * socket is using right now, with a getsockopt() that is harmless without the
+ * library (the kernel answers ENOPROTOOPT for the unknown level):
+ *
+ *   int t; socklen_t len = sizeof t;
+ *   if (getsockopt(fd, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) == 0 && t == RSOCK_TRANSPORT_RDMA)
+ *     ... the byte stream of fd runs over an RDMA queue pair ...
+ *
+ * Plain C, no dependencies: copy it into a program if that is simpler.
+ */
+#ifndef LIBRSOCK_H
+#define LIBRSOCK_H
+
+/* Far above every kernel SOL_* value (those are < 300). */
+#define SOL_RSOCK 0x5253 /* "RS" */
+
+/* int, read-only: one of RSOCK_TRANSPORT_*. */
+#define RSOCK_TRANSPORT 1
+
+#define RSOCK_TRANSPORT_TCP 0       /* kernel TCP: not eligible, fell back, or not upgraded */
+#define RSOCK_TRANSPORT_UPGRADING 1 /* TCP now; the RDMA rendezvous or switch is running */
+#define RSOCK_TRANSPORT_RDMA 2      /* both directions run over RDMA; TCP stays idle */
+#define RSOCK_TRANSPORT_BROKEN 3    /* the switch failed after it began: the connection was reset */
+
+#endif
