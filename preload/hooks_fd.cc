@@ -130,12 +130,15 @@ RSOCK_HOOK int ioctl(int fd, unsigned long req, ...) noexcept {
 
 RSOCK_HOOK pid_t fork(void) noexcept {
   HookScope h;
+  rsock::socket::progress_before_fork();
   rsock::socket::before_fork();
   pid_t pid = real().fork();
   rsock::socket::after_fork();
   if (pid == 0) {
     rsock::stats::after_fork_child();  // the child publishes its own file
     rsock::socket::progress_after_fork_child();
+  } else {
+    rsock::socket::progress_after_fork_parent();
   }
   return h.pass(pid);
 }

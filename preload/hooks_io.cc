@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "preload/hook.h"
+#include "socket/readiness.h"
 
 using rsock::preload::HookScope;
 using rsock::preload::real;
@@ -36,6 +37,7 @@ static bool stream_io(HookScope& h, const socket::SocketRef& s, std::span<const 
   bool nonblock = s->nonblocking() || (flags & MSG_DONTWAIT);
   auto r = kSend ? st->send(iov, flags, nonblock) : st->recv(iov, flags, nonblock);
   if (!r && r.error() == socket::kRedoPlain) return false;
+  socket::readiness_after_io(s.get());
   if (kSend && !r && r.error() == EPIPE && !(flags & MSG_NOSIGNAL))
     pthread_kill(pthread_self(), SIGPIPE);
   *out = r ? h.finish(Status<ssize_t>(ssize_t(*r))) : h.finish(Status<ssize_t>(Err(r.error())));

@@ -93,6 +93,7 @@ RSOCK_HOOK int epoll_create(int size) noexcept {
   HookScope h;
   int fd = real().epoll_create(size);
   if (fd >= 0) rsock::preload::forget(fd);
+  if (fd >= 0) rsock::socket::epoll_created(fd);
   return h.pass(fd);
 }
 
@@ -100,6 +101,7 @@ RSOCK_HOOK int epoll_create1(int flags) noexcept {
   HookScope h;
   int fd = real().epoll_create1(flags);
   if (fd >= 0) rsock::preload::forget(fd);
+  if (fd >= 0) rsock::socket::epoll_created(fd);
   return h.pass(fd);
 }
 
@@ -108,6 +110,8 @@ RSOCK_HOOK int epoll_ctl(int ep, int op, int fd, struct epoll_event* ev) noexcep
   if (h.tracked(fd)) {
     auto r = rsock::socket::epoll_ctl_tracked(ep, op, fd, ev);
     if (r.ok() || r.error() != kRedoPlain) return h.finish(r);
+  } else if (op != EPOLL_CTL_DEL && rsock::preload::t_depth == 1) {
+    rsock::socket::epoll_observed(fd);  // an epoll instance nested in another
   }
   return h.pass(real().epoll_ctl(ep, op, fd, ev));
 }

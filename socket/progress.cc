@@ -76,10 +76,16 @@ bool is_loopback(const sockaddr* a) {
   return false;
 }
 
+// An rdma_cm listener outlives its TCP listening socket by upgrade_timeout_ms
+// (socket == nullptr, closed_until_ns set): connections accepted just before
+// the close (a server that accepts once and closes its listener, a test
+// harness) still get their rendezvous answered.
 struct ListenerEntry {
   Socket* socket;
   uint16_t tcp_port;
   std::unique_ptr<transport::Listener> listener;
+  sockaddr_storage addr{};       // the TCP listener's bound address
+  uint64_t closed_until_ns = 0;  // 0 while the TCP listener is open
 };
 
 struct PendingRequest {
@@ -92,6 +98,12 @@ struct NegativeEntry {
   uint64_t expires_ns;
 };
 
+struct Watch {
+  int fd;
+  void (*fn)(void*);
+  void* arg;
+};
+
 // The registries, on the heap so that a fork child can drop the parent's
 // without running any destructor (they reference the parent's RDMA state).
 struct Registry {
@@ -100,6 +112,7 @@ struct Registry {
   std::vector<Socket*> stream_owner;  // parallel: owning socket, nullptr once orphaned
   std::vector<ListenerEntry> listeners;
   std::vector<PendingRequest> requests;
+  std::vector<Watch> watches;
   int epfd = -1, cmd_fd = -1;
   bool started = false;
 };
@@ -118,6 +131,7 @@ Registry* reg() {
 #define g_stream_owner (reg()->stream_owner)
 #define g_listeners (reg()->listeners)
 #define g_requests (reg()->requests)
+#define g_watches (reg()->watches)
 #define g_epfd (reg()->epfd)
 #define g_cmd_fd (reg()->cmd_fd)
 #define g_started (reg()->started)
@@ -226,6 +240,42 @@ void service_listeners(uint64_t now) {
   }
 }
 
+// Under g_mu: one-shot watch of an upgraded stream's idle TCP socket.
+constexpr uint64_t kTcpTag = uint64_t{1} << 40;  // epoll data: kTcpTag | fd
+void watch_idle_tcp(Stream* st, int op) {
+  st->tcp_watched = true;
+  if (st->tcp_fd() < 0) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLONESHOT;
+  ev.data.u64 = kTcpTag | uint32_t(st->tcp_fd());
+  sys::libc.epoll_ctl(g_epfd, op, st->tcp_fd(), &ev);
+}
+
+// Under g_mu: the idle TCP socket `fd` of some upgraded stream is readable.
+void idle_tcp_event(int fd) {
+  for (size_t i = 0; i < g_streams.size(); i++) {
+    Stream* st = g_streams[i];
+    if (st->tcp_fd() != fd || !st->tcp_watched) continue;
+    if (st->check_idle_tcp()) watch_idle_tcp(st, EPOLL_CTL_MOD);
+    return;
+  }
+}
+
+// Under g_mu.
+void drop_listener(size_t i) {
+  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, g_listeners[i].listener->fd(), nullptr);
+  g_listeners.erase(g_listeners.begin() + long(i));
+}
+
+// Under g_mu: listeners whose TCP socket closed and whose grace ran out.
+void expire_listeners(uint64_t now) {
+  for (size_t i = 0; i < g_listeners.size();) {
+    auto& e = g_listeners[i];
+    if (e.closed_until_ns && now > e.closed_until_ns) drop_listener(i);
+    else i++;
+  }
+}
+
 void* thread_main(void*) {
   epoll_event evs[16];
   for (;;) {
@@ -234,10 +284,13 @@ void* thread_main(void*) {
       std::lock_guard lk(g_mu);
       uint64_t now = now_ns();
       service_listeners(now);
+      expire_listeners(now);
       for (size_t i = 0; i < g_streams.size();) {
         Stream* st = g_streams[i];
         if (!g_stream_owner[i]) {
           if (st->linger_done()) {
+            if (st->tcp_watched && st->tcp_fd() >= 0)
+              sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, st->tcp_fd(), nullptr);
             delete st;
             g_streams.erase(g_streams.begin() + long(i));
             g_stream_owner.erase(g_stream_owner.begin() + long(i));
@@ -247,20 +300,38 @@ void* thread_main(void*) {
         } else {
           if (st->take_start_request()) st->start_client();
           Phase p = st->phase();
+          if (p == Phase::kRdma && !st->tcp_watched) watch_idle_tcp(st, EPOLL_CTL_ADD);
           if (p == Phase::kPending || p == Phase::kSwitching) busy = true;
           (void)st->advance(/*block=*/false);
         }
         i++;
       }
-      busy = busy || !g_requests.empty();
+      busy = busy || !g_requests.empty() ||
+             std::any_of(g_listeners.begin(), g_listeners.end(),
+                         [](const ListenerEntry& e) { return e.closed_until_ns != 0; });
     }
     int n = sys::libc.epoll_wait(g_epfd, evs, 16, busy ? kBusyTickMs : kIdleTickMs);
-    for (int i = 0; i < n; i++) {
-      if (evs[i].data.fd == g_cmd_fd) {
-        uint64_t v;
-        (void)!sys::libc.read(g_cmd_fd, &v, sizeof v);
+    Watch fire[16];
+    int nfire = 0;
+    {
+      std::lock_guard lk(g_mu);
+      for (int i = 0; i < n; i++) {
+        uint64_t tag = evs[i].data.u64;
+        if (tag & kTcpTag) {
+          idle_tcp_event(int(uint32_t(tag)));
+          continue;
+        }
+        if (tag == uint64_t(uint32_t(g_cmd_fd))) {
+          uint64_t v;
+          (void)!sys::libc.read(g_cmd_fd, &v, sizeof v);
+          continue;
+        }
+        for (auto& w : g_watches)
+          if (tag == uint64_t(uint32_t(w.fd)) && nfire < 16) fire[nfire++] = w;
       }
     }
+    // Outside g_mu: a watcher takes its own locks (readiness.cc).
+    for (int i = 0; i < nfire; i++) fire[i].fn(fire[i].arg);
   }
   return nullptr;
 }
@@ -369,6 +440,19 @@ void listener_started(Socket* s, int fd) {
   for (auto& e : g_listeners)
     if (e.socket == s) return;  // listen() again on the same socket
   uint16_t port = port_of(local);
+  for (size_t i = 0; i < g_listeners.size(); i++) {
+    auto& e = g_listeners[i];
+    if (e.socket || e.tcp_port != port) continue;
+    // A lingering rdma_cm listener of a closed TCP listener on this port: the
+    // same address is taken over as it is; another one would collide with it.
+    if (same_ip(reinterpret_cast<const sockaddr*>(&e.addr), la)) {
+      e.socket = s;
+      e.closed_until_ns = 0;
+      return;
+    }
+    drop_listener(i);
+    break;
+  }
   sockaddr_storage raddr = local;
   reinterpret_cast<sockaddr_in*>(&raddr)->sin_port =
       htons(static_cast<uint16_t>(port + process_config().tunables.port_offset));
@@ -383,16 +467,18 @@ void listener_started(Socket* s, int fd) {
   ev.events = EPOLLIN;
   ev.data.fd = (*l)->fd();
   sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
-  g_listeners.push_back({s, port, std::move(*l)});
+  g_listeners.push_back({s, port, std::move(*l), local, 0});
 }
 
 void socket_released(Socket* s) {
   Stream* st = s->stream();
   std::lock_guard lk(g_mu);
-  for (size_t i = 0; i < g_listeners.size(); i++) {
-    if (g_listeners[i].socket == s) {
-      sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, g_listeners[i].listener->fd(), nullptr);
-      g_listeners.erase(g_listeners.begin() + long(i));
+  for (auto& e : g_listeners) {
+    if (e.socket == s) {
+      e.socket = nullptr;
+      e.closed_until_ns =
+          now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+      poke();  // the thread expires it
       break;
     }
   }
@@ -405,6 +491,25 @@ void socket_released(Socket* s) {
       return;
     }
   }
+}
+
+void progress_watch(int fd, void (*fn)(void*), void* arg) {
+  std::lock_guard lk(g_mu);
+  if (!ensure_thread()) return;
+  g_watches.push_back({fd, fn, arg});
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = uint32_t(fd);
+  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void progress_unwatch(int fd) {
+  std::lock_guard lk(g_mu);
+  std::erase_if(g_watches, [&](const Watch& w) {
+    if (w.fd != fd) return false;
+    sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, fd, nullptr);
+    return true;
+  });
 }
 
 void log_exit_summary() {
@@ -450,10 +555,22 @@ void log_exit_summary() {
            off ? why : " none");
 }
 
+void progress_before_fork() {
+  // Held across fork(): no stream can be created or start its rendezvous
+  // meanwhile. An upgrade still pending now would be completed by one process
+  // while both own the TCP stream, so those stay on TCP, in both processes.
+  g_mu.lock();
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (g_stream_owner[i]) g_streams[i]->fall_back(stats::FallbackReason::kForked);
+}
+
+void progress_after_fork_parent() { g_mu.unlock(); }
+
 void progress_after_fork_child() {
   // The child has no progress thread and must not touch the parent's RDMA
   // resources (verbs objects do not survive fork). Leak the parent's
-  // registries unseen and detach every stream the child inherited.
+  // registries (and their lock, held since progress_before_fork) unseen and
+  // detach every stream the child inherited.
   Registry* old = g_reg_ptr.load();
   g_reg_ptr.store(new Registry());
   if (!old) return;

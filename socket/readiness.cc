@@ -13,6 +13,7 @@
 
 #include "socket/fd_table.h"
 #include "socket/process.h"
+#include "socket/rendezvous.h"
 #include "socket/stream.h"
 #include "util/clock.h"
 #include "util/sys.h"
@@ -74,8 +75,11 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
   if (!valid(timeout)) return Err(kRedoPlain);  // the kernel answers EINVAL
   // Common case first, without allocating: no upgraded socket in the set.
   nfds_t first = n;
-  for (nfds_t i = 0; i < n && first == n; i++)
-    if (fds[i].fd >= 0 && governing_stream(lookup(fds[i].fd))) first = i;
+  for (nfds_t i = 0; i < n; i++) {
+    if (fds[i].fd < 0) continue;
+    epoll_observed(fds[i].fd);  // a polled epoll fd must keep its ready_fd current
+    if (first == n && governing_stream(lookup(fds[i].fd))) first = i;
+  }
   if (first == n) return Err(kRedoPlain);
   std::vector<SocketRef> refs;
   std::vector<Stream*> streams(n, nullptr);
@@ -202,11 +206,26 @@ struct Reg {
   int wake_fd = -1, conn_fd = -1;  // internal fds added to the kernel set
 };
 
+// The kernel instance (the application's epfd) holds the kernel-side
+// registrations and ready_fd; librsock's internal fds (the streams' wake and
+// connection fds) live in a private `shadow` instance, so that internal
+// activity never makes the application's epfd look readable. ready_fd is
+// readable exactly while user-space registrations have events due, so a
+// poll() of the epfd, or an outer epoll holding it, sees the right answer.
+// Who keeps ready_fd current: every collect(); stream I/O through the hooks
+// (readiness_after_io); and, for a `watched` set (one that was polled or put
+// in another epoll), the progress thread, woken by the shadow instance.
 struct EpollSet {
   std::mutex mu;
   std::vector<Reg> regs;
   int user_count = 0;
+  int shadow = -1;
+  int ready_fd = -1;
+  bool ready_set = false;
+  std::atomic<bool> watched{false};  // written under mu; read without it as a hint
 };
+
+std::atomic<int> g_watched{0};  // sets with watched == true
 
 // Marks librsock's own registrations in a kernel epoll set. Constant, not
 // random: it only has to differ from what applications store, and a hook
@@ -255,27 +274,67 @@ EpollSet* set_for(int epfd) {
   return fresh;
 }
 
-void add_internal(int epfd, int fd) {
+void monitor(void* arg);
+
+// Under set->mu: creates the shadow instance and ready_fd on the first
+// user-space registration. Without them (no fds left) the internal fds go
+// into the kernel instance as a fallback: spurious wakeups of a polled or
+// nested epfd, nothing worse.
+void ensure_aux(EpollSet* set, int epfd) {
+  if (set->shadow >= 0 || epfd < 0) return;
+  int sh = sys::libc.epoll_create1(EPOLL_CLOEXEC);
+  int rf = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = g_cookie;
-  sys::libc.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
+  if (sh < 0 || rf < 0 || sys::libc.epoll_ctl(epfd, EPOLL_CTL_ADD, rf, &ev) != 0) {
+    if (sh >= 0) sys::libc.close(sh);
+    if (rf >= 0) sys::libc.close(rf);
+    return;
+  }
+  set->shadow = sh;
+  set->ready_fd = rf;
+  set->ready_set = false;
+  if (set->watched) progress_watch(sh, monitor, set);
+}
+
+int internal_target(EpollSet* set, int epfd) { return set->shadow >= 0 ? set->shadow : epfd; }
+
+void add_internal(EpollSet* set, int epfd, int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = g_cookie;
+  sys::libc.epoll_ctl(internal_target(set, epfd), EPOLL_CTL_ADD, fd, &ev);
+}
+
+void del_internal(EpollSet* set, int epfd, int fd) {
+  if (fd >= 0) sys::libc.epoll_ctl(internal_target(set, epfd), EPOLL_CTL_DEL, fd, nullptr);
+}
+
+// Under set->mu: ready_fd readable iff `due`. Syscalls only on a change.
+void set_ready(EpollSet* set, bool due) {
+  if (set->ready_fd < 0 || due == set->ready_set) return;
+  uint64_t v = 1;
+  if (due) (void)!sys::libc.write(set->ready_fd, &v, sizeof v);
+  else (void)!sys::libc.read(set->ready_fd, &v, sizeof v);
+  set->ready_set = due;
 }
 
 // Under set->mu: the registration moves to user space (its socket upgraded).
 void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
   sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.fd, nullptr);
+  ensure_aux(set, epfd);
   r.user = true;
   r.last_gen = ~0ull;
   set->user_count++;
   r.wake_fd = st->wake_fd();
-  add_internal(epfd, r.wake_fd);
+  add_internal(set, epfd, r.wake_fd);
 }
 
 // Under set->mu: back to the kernel (the upgrade fell back to TCP).
 void to_kernel(EpollSet* set, int epfd, Reg& r) {
-  if (r.wake_fd >= 0) sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.wake_fd, nullptr);
-  if (r.conn_fd >= 0) sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.conn_fd, nullptr);
+  del_internal(set, epfd, r.wake_fd);
+  del_internal(set, epfd, r.conn_fd);
   r.wake_fd = r.conn_fd = -1;
   r.user = false;
   set->user_count--;
@@ -288,8 +347,10 @@ void to_kernel(EpollSet* set, int epfd, Reg& r) {
 void drop(EpollSet* set, int epfd, size_t i) {
   Reg& r = set->regs[i];
   if (r.user) {
-    if (r.wake_fd >= 0) sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.wake_fd, nullptr);
-    if (r.conn_fd >= 0) sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.conn_fd, nullptr);
+    if (epfd >= 0) {
+      del_internal(set, epfd, r.wake_fd);
+      del_internal(set, epfd, r.conn_fd);
+    }
     set->user_count--;
   }
   r.sock->unref();
@@ -327,6 +388,7 @@ uint32_t to_epoll(short p) {
 int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stream*>* streams,
             bool full = true) {
   int n = 0;
+  bool still_due = false;  // user events a next call would report (ready_fd)
   for (size_t i = 0; i < set->regs.size();) {
     Reg& r = set->regs[i];
     // Linux keeps a registration until the socket's last fd is closed (a dup
@@ -345,10 +407,11 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
     if (r.user && st) {
       if (streams) streams->push_back(st);
       if (int cfd = st->progress_fd(); cfd != r.conn_fd) {
-        if (r.conn_fd >= 0) sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.conn_fd, nullptr);
+        del_internal(set, epfd, r.conn_fd);
         r.conn_fd = cfd;
-        if (cfd >= 0) add_internal(epfd, cfd);
+        if (cfd >= 0) add_internal(set, epfd, cfd);
       }
+      if (!r.disarmed && n >= max) still_due = true;  // not looked at: assume due
       if (!r.disarmed && n < max) {
         if (full) st->consume_wake();
         short ev = st->poll_events(to_poll(r.events), full);
@@ -362,12 +425,50 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
           n++;
           r.last_gen = gen;
           if (r.events & EPOLLONESHOT) r.disarmed = true;
+          // Level-triggered: reported again next time, as the kernel would.
+          if (!(r.events & (EPOLLET | EPOLLONESHOT))) still_due = true;
         }
       }
     }
     i++;
   }
+  set_ready(set, still_due);
   return n;
+}
+
+// Under set->mu: recomputes ready_fd without consuming any event (an
+// edge or a one-shot stays for the application's next epoll_wait).
+void refresh(EpollSet* set, bool full) {
+  bool due = false;
+  for (auto& r : set->regs) {
+    if (!r.user || r.disarmed || r.sock->names() == 0) continue;
+    Stream* st = r.sock->stream();
+    if (!st || !st->governs()) {
+      due = true;  // fell back: the next collect hands it to the kernel; look now
+      continue;
+    }
+    if (full) st->consume_wake();
+    short ev = st->poll_events(to_poll(r.events), full);
+    if (ev != 0 && (ev < 0 || !(r.events & EPOLLET) || st->generation() != r.last_gen)) due = true;
+  }
+  set_ready(set, due);
+}
+
+// Progress thread: the shadow instance of a watched set fired.
+void monitor(void* arg) {
+  auto* set = static_cast<EpollSet*>(arg);
+  std::lock_guard lk(set->mu);
+  refresh(set, true);
+}
+
+void watch(EpollSet* set) {
+  if (set->watched.load(std::memory_order_relaxed)) return;
+  std::lock_guard lk(set->mu);
+  if (set->watched) return;
+  set->watched = true;
+  g_watched.fetch_add(1, std::memory_order_relaxed);
+  if (set->shadow >= 0) progress_watch(set->shadow, monitor, set);
+  refresh(set, true);
 }
 
 }  // namespace
@@ -462,14 +563,28 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
           return (n = collect(set, epfd, ev, max, nullptr, false)) > 0;
         }))
       return n;
-    // Sleep in the kernel: the streams' wake and connection fds are in the set.
+    // Sleep in the kernel on the application's instance (kernel-side
+    // registrations) and the shadow one (the streams' wake and connection
+    // fds); then collect both again.
+    int shadow;
+    {
+      std::lock_guard lk(set->mu);
+      shadow = set->shadow;
+    }
     for (Stream* st : streams) st->sleep_begin();
     timespec buf;
     const timespec* t = dl.left(&buf);
-    int k = sys::libc.epoll_pwait2(epfd, ev, max, t, mask);
-    if (k < 0 && errno == ENOSYS) {
-      int ms = t ? int(t->tv_sec * 1000 + t->tv_nsec / 1000000) : -1;
-      k = sys::libc.epoll_pwait(epfd, ev, max, ms, mask);
+    int k;
+    if (shadow >= 0) {
+      pollfd pf[2] = {{epfd, POLLIN, 0}, {shadow, POLLIN, 0}};
+      k = sys::libc.ppoll(pf, 2, t, mask);
+      if (k > 0) k = 0;  // events are gathered below, without sleeping
+    } else {
+      k = sys::libc.epoll_pwait2(epfd, ev, max, t, mask);
+      if (k < 0 && errno == ENOSYS) {
+        int ms = t ? int(t->tv_sec * 1000 + t->tv_nsec / 1000000) : -1;
+        k = sys::libc.epoll_pwait(epfd, ev, max, ms, mask);
+      }
     }
     int err = errno;
     for (Stream* st : streams) st->sleep_end();
@@ -505,6 +620,36 @@ void epoll_fd_closed(int fd) {
     drop(set, -1, set->regs.size() - 1);
   }
   set->user_count = 0;
+  if (set->shadow >= 0) {
+    if (set->watched) progress_unwatch(set->shadow);
+    sys::libc.close(set->shadow);
+    sys::libc.close(set->ready_fd);
+    set->shadow = set->ready_fd = -1;
+    set->ready_set = false;
+  }
+  if (set->watched) g_watched.fetch_sub(1, std::memory_order_relaxed);
+  set->watched = false;
+}
+
+void epoll_created(int epfd) { (void)set_for(epfd); }
+
+void epoll_observed(int fd) {
+  if (EpollSet* set = set_of(fd)) watch(set);
+}
+
+void readiness_after_io(const Socket* s) {
+  if (g_watched.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard all(g_all_mu);
+  for (auto& [epfd, set] : g_all) {
+    std::lock_guard lk(set->mu);
+    if (!set->watched) continue;
+    for (auto& r : set->regs) {
+      if (r.sock == s && r.user) {
+        refresh(set, false);
+        break;
+      }
+    }
+  }
 }
 
 void epoll_take_over(int fd) {

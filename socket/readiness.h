@@ -10,8 +10,11 @@
 // epoll: an epoll instance that ever held a tracked socket gets an EpollSet
 // (socket/readiness.cc) recording every tracked registration. Registrations
 // of upgraded sockets live in user space (the kernel instance holds their
-// wake fds instead, under an internal cookie); the others stay in the kernel
-// and are handed back to it if an upgrade falls back to TCP.
+// wake fds instead, under an internal cookie, in a private shadow instance);
+// the others stay in the kernel and are handed back to it if an upgrade falls
+// back to TCP. An eventfd in the kernel instance is kept readable while
+// user-space events are due, so polling an epoll fd or nesting it in another
+// epoll sees exact readiness (readiness.cc, EpollSet).
 #pragma once
 
 #include <poll.h>
@@ -23,6 +26,8 @@
 #include "util/status.h"
 
 namespace rsock::socket {
+
+class Socket;
 
 // Err(kRedoPlain) when no fd in the set is an upgraded socket: the caller
 // then uses the kernel's call unchanged.
@@ -40,6 +45,15 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
 int epoll_filter_internal(int epfd, epoll_event* ev, int n);
 // An epoll fd or a socket fd was closed.
 void epoll_fd_closed(int fd);
+
+// epoll_create/epoll_create1 returned epfd (its EpollSet exists from then on,
+// so that nesting it is noticed even before it holds a tracked socket).
+void epoll_created(int epfd);
+// fd is being polled, or added to another epoll instance: if it is an epoll
+// instance, its readiness must be kept exact from now on (see EpollSet).
+void epoll_observed(int fd);
+// Stream I/O on s may have changed readiness that watched sets publish.
+void readiness_after_io(const Socket* s);
 
 // A socket just started an upgrade: move its kernel epoll registrations to
 // user space.

@@ -29,11 +29,22 @@ void socket_released(Socket* s);
 bool negative_cache_hit(const sockaddr_storage& peer);
 void negative_cache_add(const sockaddr_storage& peer);
 
+// The progress thread calls fn(arg) (without its own locks held) whenever fd
+// is readable; fn must make it unreadable again or it is called every time
+// the thread wakes. Used for epoll sets that are polled or nested
+// (readiness.cc). unwatch before closing fd.
+void progress_watch(int fd, void (*fn)(void*), void* arg);
+void progress_unwatch(int fd);
+
 // One line at exit (log level info): connections, upgrades, fallbacks and
 // bytes per transport. Tests use it to prove traffic really went over RDMA.
 void log_exit_summary();
 
-// fork(): the child has no progress thread; it keeps only kernel TCP.
+// fork(): before it, pending upgrades fall back to TCP (reason forked) and the
+// registry stays locked until after_fork_parent; the child has no progress
+// thread, keeps kernel TCP, and upgraded connections fail there (ECONNRESET).
+void progress_before_fork();
+void progress_after_fork_parent();
 void progress_after_fork_child();
 
 }  // namespace rsock::socket

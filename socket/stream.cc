@@ -98,6 +98,7 @@ void Stream::set_phase(Phase p) {
 
 void Stream::start_client() {
   std::lock_guard lk(mu_);
+  if (phase() != Phase::kPending || orphaned_) return;  // fell back (fork) or closed meanwhile
   wire::RendezvousRequest req{};
   req.magic = wire::kRendezvousMagic;
   req.version = wire::kRendezvousVersion;
@@ -452,6 +453,23 @@ void Stream::drain_tcp() {
     return;
   }
   verified_ = true;
+}
+
+bool Stream::check_idle_tcp() {
+  {
+    std::lock_guard lk(mu_);
+    if (phase() != Phase::kRdma || tcp_fd_ < 0) return false;
+    char b;
+    ssize_t r = sys::libc.recv(tcp_fd_, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (r < 0 && errno == EAGAIN) return true;
+    if (r <= 0) return false;  // EOF or error: the peer's teardown, RDMA has the rest
+    if (conn_ && !rdma_dead_) (void)conn_->send_control(uint8_t(wire::Control::kReset), {});
+    break_connection(ECONNRESET,
+                     "bytes arrived on TCP after the switch (a process without librsock's "
+                     "state, e.g. after exec, wrote to the connection)");
+  }
+  wake();
+  return false;
 }
 
 void Stream::detach_after_fork() {

@@ -90,6 +90,13 @@ class Stream {
   // every call (the RDMA state belongs to the parent). Touches no verbs.
   void detach_after_fork();
   bool orphaned() const { return orphaned_; }
+  // After the switch the TCP stream must stay silent. The progress thread
+  // watches tcp_fd() once on RDMA (tcp_watched) and calls this when it turns
+  // readable: bytes there mean a process without our state (a fork child
+  // after exec) wrote to the connection, which is then reset at both ends
+  // rather than losing those bytes silently. Returns true to watch again.
+  bool check_idle_tcp();
+  bool tcp_watched = false;  // progress thread only, under its lock
 
   Phase phase() const { return phase_.load(std::memory_order_acquire); }
   bool client() const { return client_; }
