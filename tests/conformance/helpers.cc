@@ -1,5 +1,7 @@
 #include "helpers.h"
 
+#include "preload/librsock.h"  // SOL_RSOCK: asking librsock, if loaded, for the transport
+
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <errno.h>
@@ -81,7 +83,42 @@ Listener make_listener(int family, int backlog) {
   return l;
 }
 
-Pair connected_pair(int family) {
+bool expect_rdma() {
+  static const bool on = [] {
+    const char* e = getenv("RSOCK_CONF_EXPECT_RDMA");
+    return e && strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
+namespace {
+
+int transport_of(int fd) {
+  int t = -1;
+  socklen_t len = sizeof t;
+  if (getsockopt(fd, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) != 0) return -errno;
+  return t;
+}
+
+// Both ends on RDMA, or a failed REQUIRE saying where each end got stuck.
+void await_rdma(const Pair& p) {
+  int64_t deadline = now_ms() + 20000;  // the rendezvous is slow under TCG
+  int tc = -1, ts = -1;
+  while (now_ms() < deadline) {
+    tc = transport_of(p.client);
+    ts = transport_of(p.server);
+    if (tc == RSOCK_TRANSPORT_RDMA && ts == RSOCK_TRANSPORT_RDMA) return;
+    if (tc != RSOCK_TRANSPORT_UPGRADING && tc != RSOCK_TRANSPORT_RDMA) break;
+    if (ts != RSOCK_TRANSPORT_UPGRADING && ts != RSOCK_TRANSPORT_RDMA) break;
+    usleep(1000);
+  }
+  FAIL("RSOCK_CONF_EXPECT_RDMA: the pair did not upgrade (transport client "
+       << tc << ", server " << ts << "; 0 tcp, 1 upgrading, 2 rdma, 3 broken, <0 -errno)");
+}
+
+}  // namespace
+
+Pair connected_pair(int family, bool await_upgrade) {
   Listener l = make_listener(family);
   Pair p;
   p.client = Fd(socket(family, SOCK_STREAM, 0));
@@ -91,6 +128,7 @@ Pair connected_pair(int family) {
   REQUIRE(wait_readable(l.fd));
   p.server = Fd(accept(l.fd, nullptr, nullptr));
   REQUIRE_MESSAGE(p.server >= 0, "accept: " << errno_str(errno));
+  if (await_upgrade && family == AF_INET && expect_rdma()) await_rdma(p);
   return p;
 }
 

@@ -68,11 +68,18 @@ Listener make_listener(int family = AF_INET, int backlog = 16);
 
 // A connected TCP pair: `client` from connect(), `server` from accept().
 // Both blocking, no flags.
+// With RSOCK_CONF_EXPECT_RDMA=1 (the suite preloaded over rxe), an AF_INET pair
+// is returned only once librsock reports both ends on RDMA (getsockopt
+// SOL_RSOCK, preload/librsock.h), and the case fails if they never get there:
+// every case then runs on upgraded connections. `await_upgrade` false opts
+// out (a case about a documented limit of upgraded connections).
 struct Pair {
   Fd client;
   Fd server;
 };
-Pair connected_pair(int family = AF_INET);
+Pair connected_pair(int family = AF_INET, bool await_upgrade = true);
+// Whether RSOCK_CONF_EXPECT_RDMA=1 is set.
+bool expect_rdma();
 
 // A TCP socket bound to a port of test_ipv4() but not listening: connecting to
 // `addr` is refused, and keeping the socket open keeps the port ours.

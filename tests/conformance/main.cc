@@ -82,7 +82,13 @@ struct WatchdogListener : doctest::IReporter {
   void report_query(const doctest::QueryData&) override {}
   void test_run_start() override {}
   void test_run_end(const doctest::TestRunStats&) override {}
-  void test_case_start(const doctest::TestCaseData& tc) override { Watchdog::instance().arm(tc.m_name); }
+  void test_case_start(const doctest::TestCaseData& tc) override {
+    // RSOCK_CONF_TRACE=1 names each case on stderr, so library logs can be
+    // attributed to the case that caused them.
+    static const bool trace = getenv("RSOCK_CONF_TRACE") != nullptr;
+    if (trace) fprintf(stderr, "CASE: %s\n", tc.m_name);
+    Watchdog::instance().arm(tc.m_name);
+  }
   void test_case_reenter(const doctest::TestCaseData& tc) override { Watchdog::instance().arm(tc.m_name); }
   void test_case_end(const doctest::CurrentTestCaseStats&) override { Watchdog::instance().disarm(); }
   void test_case_exception(const doctest::TestCaseException&) override {}
