@@ -3,7 +3,7 @@
  * Nothing here is needed to use librsock: unmodified programs never call it.
  * It lets a program, a test or a debugging session ask which transport a TCP
  * socket is using right now, with a getsockopt() that is harmless without the
- * library (the kernel answers ENOPROTOOPT for the unknown level):
+ * library (the kernel answers EOPNOTSUPP for the unknown level):
  *
  *   int t; socklen_t len = sizeof t;
  *   if (getsockopt(fd, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) == 0 && t == RSOCK_TRANSPORT_RDMA)

@@ -13,7 +13,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+
+#include "preload/librsock.h"
 
 extern int g_early_result;
 
@@ -141,4 +144,33 @@ TEST_CASE("ioctl FIONBIO and FIONREAD pass through") {
   int n = 0;
   CHECK(ioctl(p.s, FIONREAD, &n) == 0);
   CHECK(n == 4);
+}
+
+TEST_CASE("getsockopt(SOL_RSOCK, RSOCK_TRANSPORT): tcp under librsock, EOPNOTSUPP without it") {
+  // Loopback never upgrades, so under librsock the answer is "tcp"; the kernel
+  // alone does not know the level. Either way errno discipline holds.
+  const bool preloaded = getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "librsock");
+  Pair p;
+  int t = -1;
+  socklen_t len = sizeof t;
+  errno = 1234;
+  int r = getsockopt(p.c, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len);
+  if (preloaded) {
+    CHECK(r == 0);
+    CHECK(t == RSOCK_TRANSPORT_TCP);
+    CHECK(len == sizeof(int));
+    CHECK(errno == 1234);
+    len = 2;  // too short for an int: EINVAL, like the kernel's int options
+    CHECK(getsockopt(p.s, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) == -1);
+    CHECK(errno == EINVAL);
+  } else {
+    CHECK(r == -1);
+    CHECK(errno == EOPNOTSUPP);
+  }
+  // Not a TCP socket: the kernel answers in both cases.
+  int u = socket(AF_INET, SOCK_DGRAM, 0);
+  len = sizeof t;
+  CHECK(getsockopt(u, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) == -1);
+  CHECK(errno == EOPNOTSUPP);
+  close(u);
 }
