@@ -1,0 +1,440 @@
+#!/bin/bash
+# bench/compare/in_vm.sh BUILD_DIR OUT_DIR [--quick] -- guest side of
+# bench/compare/run (inside tools/rxe-vm, which provides rxe0 on 10.77.0.1).
+# Runs every workload over every transport, ROUNDS times with the transport
+# order rotating each round (slow drift of the TCG guest hits all alike), and
+# writes raw results for bench/compare/report.py into OUT_DIR/results.tsv,
+# one tab-separated record a line:
+#   res   WORKLOAD TRANSPORT ROUND METRIC VALUE     a measured figure
+#   na    WORKLOAD TRANSPORT ROUND WHY               no figure, and why
+#   sum   GROUP    TRANSPORT ROUND ROLE c u f rtx rrx ttx trx
+#         librsock exit summary (connections upgraded fallbacks rdma_tx rdma_rx
+#         tcp_tx tcp_rx) of a client (ROLE client:WORKLOAD) or of a server
+#         that served the whole GROUP in that round (ROLE server)
+#   qp    WORKLOAD TRANSPORT ROUND N                 RC QPs listed by `rdma res
+#         show qp` 0.5 s into a librspreload client run (did it use RDMA?)
+#   meta  KEY VALUE
+# Transports: raw (perftest -R: ib_send_lat, ib_write_bw), tcp (kernel),
+# rsp (rdma-core librspreload.so on both ends), rsock (librsock.so on both
+# ends, RSOCK_LOG_LEVEL=info so each process prints its exit summary).
+# Logs of every run stay in OUT_DIR/logs. --quick: 1 round, ~1 s runs, few
+# connections (the ctest smoke bench.compare.smoke). Exit 77 without an RDMA
+# device, 1 if the harness itself broke; speed never changes the exit status.
+set -uo pipefail
+
+[ $# -ge 2 ] || { echo "usage: in_vm.sh BUILD_DIR OUT_DIR [--quick]" >&2; exit 2; }
+BUILD=$(cd "$1" && pwd) || exit 1
+OUT=$2 QUICK=${3:-}
+if [ -z "$(ls /sys/class/infiniband 2>/dev/null)" ]; then
+  echo "SKIP: no RDMA device (/sys/class/infiniband is empty; run inside tools/rxe-vm)"
+  exit 77
+fi
+HOST=10.77.0.1
+LIB=$BUILD/librsock.so
+CB=$BUILD/bench/connect/rsock_connect_bench
+RSP=${RSPRELOAD:-/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so}
+for f in "$LIB" "$CB"; do [ -e "$f" ] || { echo "FAIL: $f missing (build it first)"; exit 1; }; done
+missing=
+for p in sockperf iperf3 redis-server redis-benchmark ib_send_lat ib_write_bw rdma ss timeout; do
+  command -v "$p" >/dev/null || missing+=" $p"
+done
+[ -z "$missing" ] || { echo "FAIL: missing programs:$missing (bash tools/install-deps)"; exit 1; }
+[ -e "$RSP" ] || echo "NOTE: $RSP missing: rspreload rows will be n/a"
+ulimit -l unlimited 2>/dev/null
+
+if [ "$QUICK" = --quick ]; then   # the ctest smoke: ~90 s in the VM
+  ROUNDS=1 T=1 WARM=1 LAT_N=200 CONN_N=20 REDIS_N=1000 IPERF_T=2 TO=60 SIZES="64"
+else
+  ROUNDS=${ROUNDS:-3} T=${SECS:-2} WARM=1 LAT_N=2000 CONN_N=150 REDIS_N=6000 IPERF_T=3 TO=180 SIZES="64 1024 16384"
+fi
+STREAM_SIZE=65536
+SP_TP_SIZE=65000   # sockperf's largest TCP message size below 64 KiB
+REDIS_C=10
+
+rm -rf "$OUT"
+mkdir -p "$OUT/logs"
+R=$OUT/results.tsv
+: > "$R"
+rec() { local IFS=$'\t'; echo "$*" >> "$R"; }
+rec meta rounds "$ROUNDS"
+rec meta secs "$T"
+rec meta quick "${QUICK:-no}"
+rec meta sizes "$SIZES"
+rec meta guest "$(uname -r), $(nproc) vCPUs, $(ls /sys/class/infiniband | xargs)"
+
+PIDS=()
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+free_port() {
+  python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$HOST"
+}
+
+# pfx TRANSPORT TAG -- P = command prefix that runs a program over TRANSPORT;
+# librsock logs land in $OUT/logs/TAG.<pid>.log.
+pfx() {
+  case $1 in
+    tcp|raw) P=(env -u LD_PRELOAD) ;;
+    rsp) P=(env LD_PRELOAD="$RSP") ;;
+    rsock) P=(env LD_PRELOAD="$LIB" RSOCK_LOG_LEVEL=info RSOCK_LOG_FILE="$OUT/logs/$2.%p.log") ;;
+  esac
+}
+
+# start_srv TRANSPORT TAG PORT CMD... -- server in the background (SRV=pid);
+# returns 1 (with the reason in SRV_WHY) if it dies or never listens.
+start_srv() {
+  local tr=$1 tag=$2 port=$3 end=$(($(date +%s) + 30)); shift 3
+  pfx "$tr" "$tag"
+  "${P[@]}" "$@" > "$OUT/logs/$tag.out" 2>&1 </dev/null &
+  SRV=$! SRV_WHY=
+  PIDS+=("$SRV")
+  while [ "$(date +%s)" -lt $end ]; do
+    if [ "$tr" = rsp ]; then
+      # an rsocket listens through rdma_cm, not on a kernel TCP socket
+      rdma resource show cm_id 2>/dev/null | grep LISTEN | grep -q ":$port " && return 0
+    else
+      [ -n "$(ss -Htln "sport = :$port")" ] && return 0
+    fi
+    if ! kill -0 "$SRV" 2>/dev/null; then
+      wait "$SRV"
+      SRV_WHY="server exited with status $? before listening: $(grep -m1 -iE 'guru meditation|error|fault|signal|crash' "$OUT/logs/$tag.out" | cut -c1-160)"
+      return 1
+    fi
+    sleep 0.3
+  done
+  SRV_WHY="server not listening after 30 s"
+  rdma resource show cm_id > "$OUT/logs/$tag.cm_id" 2>&1
+  kill -9 "$SRV" 2>/dev/null
+  wait "$SRV" 2>/dev/null
+  return 1
+}
+
+# stop_srv SIGNAL -- stop $SRV, wait up to 10 s (so it prints its exit summary).
+stop_srv() {
+  local i
+  kill -"$1" "$SRV" 2>/dev/null
+  for i in $(seq 100); do kill -0 "$SRV" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$SRV" 2>/dev/null
+  wait "$SRV" 2>/dev/null
+}
+
+# summary TAG -- sum of the librsock exit summaries in $OUT/logs/TAG.*.log as
+# "c u f rtx rrx ttx trx", or "none".
+summary() {
+  cat "$OUT/logs/$1".*.log 2>/dev/null | awk '
+    match($0, /summary: connections=[0-9]+ upgraded=[0-9]+ fallbacks=[0-9]+ rdma_tx=[0-9]+ rdma_rx=[0-9]+ tcp_tx=[0-9]+ tcp_rx=[0-9]+/) {
+      s = substr($0, RSTART, RLENGTH); n = split(s, kv, /[ =]/)
+      for (i = 3; i <= n; i += 2) t[(i - 1) / 2] += kv[i]; found = 1
+    }
+    END { if (found) print t[1], t[2], t[3], t[4], t[5], t[6], t[7]; else print "none" }'
+}
+rec_sum() {  # GROUP TRANSPORT ROUND ROLE TAG
+  local s; s=$(summary "$5")
+  rec sum "$1" "$2" "$3" "$4" $s
+}
+
+# client TRANSPORT TAG TIMEOUT CMD... -- run a client; its output is in
+# $OUT/logs/TAG.out; with rsp, count the RC QPs 0.5 s into the run (QPS).
+client() {
+  local tr=$1 tag=$2 to=$3 pid rc; shift 3
+  pfx "$tr" "$tag"
+  timeout "$to" "${P[@]}" "$@" > "$OUT/logs/$tag.out" 2>&1 </dev/null &
+  pid=$!
+  QPS=
+  if [ "$tr" = rsp ]; then
+    sleep 0.5
+    QPS=$(rdma resource show qp 2>/dev/null | grep -c 'type RC')
+  fi
+  wait "$pid"; rc=$?
+  return $rc
+}
+
+# first_line FILE PATTERN -- the first matching line, trimmed (for a WHY).
+first_line() { grep -m1 -E "$2" "$1" 2>/dev/null | sed 's/^sockperf: //; s/\x1b\[[0-9;]*m//g' | cut -c1-160; }
+
+# --- raw verbs (perftest over rdma_cm) ------------------------------------
+# perf ROUND TAG TOOL ARGS... -- server + client; client output in logs/TAG.out.
+perf() {
+  local rnd=$1 tag=$2 tool=$3 try spid rc=1; shift 3
+  $tool -R -F "$@" > "$OUT/logs/$tag.srv" 2>&1 </dev/null &
+  spid=$!
+  PIDS+=("$spid")
+  for try in 1 2 3 4 5; do  # the server may need a while to listen under TCG
+    sleep 1
+    timeout "$TO" $tool -R -F "$@" $HOST > "$OUT/logs/$tag.out" 2>&1 && { rc=0; break; }
+    kill -0 $spid 2>/dev/null || break
+  done
+  kill $spid 2>/dev/null; wait $spid 2>/dev/null
+  return $rc
+}
+run_raw_lat() {  # ROUND
+  local rnd=$1 s tag med avg p99 w
+  for s in $SIZES; do
+    tag=raw-lat-$s-r$rnd
+    med= avg= p99=
+    # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+    perf "$rnd" "$tag" ib_send_lat -s "$s" -n "$LAT_N" &&
+      read -r med avg p99 <<<"$(awk -v s="$s" '$1==s && NF>=8 {print $5, $6, $8}' "$OUT/logs/$tag.out")"
+    for w in "pp$s" "bpp$s"; do
+      if [ -n "$p99" ]; then
+        rec res "$w" raw "$rnd" median_us "$med"; rec res "$w" raw "$rnd" p99_us "$p99"
+        rec res "$w" raw "$rnd" avg_us "$avg"
+      else
+        rec na "$w" raw "$rnd" "ib_send_lat -s $s failed: $(tail -1 "$OUT/logs/$tag.out" | cut -c1-160)"
+      fi
+    done
+  done
+}
+run_raw_bw() {  # ROUND
+  local tag=raw-bw-r$1 bw w
+  if perf "$1" "$tag" ib_write_bw -s $STREAM_SIZE -D "$T"; then
+    # #bytes #iterations BW_peak BW_average[MB/sec] MsgRate; perftest's MB is 2^20 bytes
+    bw=$(awk -v s=$STREAM_SIZE '$1==s && NF>=5 {print $4}' "$OUT/logs/$tag.out")
+    if [ -n "$bw" ]; then
+      for w in sp_tp bstream iperf3; do rec res "$w" raw "$1" mibps "$bw"; done
+      return
+    fi
+  fi
+  for w in sp_tp bstream iperf3; do
+    rec na "$w" raw "$1" "ib_write_bw failed: $(tail -1 "$OUT/logs/$tag.out" | cut -c1-160)"
+  done
+}
+
+# --- sockperf ping-pong and throughput -------------------------------------
+# rspreload cannot run sockperf at all (sockperf sends with sendto(fd, ..,
+# dest) on its connected TCP socket and rsockets rejects that with EISCONN),
+# so its attempt is made once, to record the error, and the rows say why.
+RSP_SOCKPERF_WHY=
+run_sockperf() {  # TRANSPORT ROUND
+  local tr=$1 rnd=$2 port tag s o med p99 avg n secs
+  if [ "$tr" = rsp ] && [ -n "$RSP_SOCKPERF_WHY" ]; then
+    for s in $SIZES; do rec na "pp$s" rsp "$rnd" "$RSP_SOCKPERF_WHY"; done
+    rec na sp_tp rsp "$rnd" "$RSP_SOCKPERF_WHY"
+    return
+  fi
+  port=$(free_port)
+  if ! start_srv "$tr" "sp-srv-$tr-r$rnd" "$port" sockperf sr --tcp -i "$HOST" -p "$port"; then
+    for s in $SIZES; do rec na "pp$s" "$tr" "$rnd" "sockperf server: $SRV_WHY"; done
+    rec na sp_tp "$tr" "$rnd" "sockperf server: $SRV_WHY"
+    return
+  fi
+  for s in $SIZES; do
+    tag=sp-pp$s-$tr-r$rnd
+    client "$tr" "$tag" "$TO" sockperf pp --tcp -i "$HOST" -p "$port" -m "$s" -t "$T" --pre-warmup-wait "$WARM"
+    o=$OUT/logs/$tag.out
+    med=$(sed -n 's/.*percentile 50.000 = *\([0-9.]*\).*/\1/p' "$o")
+    p99=$(sed -n 's/.*percentile 99.000 = *\([0-9.]*\).*/\1/p' "$o")
+    avg=$(sed -n 's/.*Summary: Latency is \([0-9.]*\) usec.*/\1/p' "$o")
+    if [ -n "$med" ] && [ -n "$p99" ] && [ -n "$avg" ] && ! grep -q ERROR "$o"; then
+      rec res "pp$s" "$tr" "$rnd" median_us "$med"; rec res "pp$s" "$tr" "$rnd" p99_us "$p99"
+      rec res "pp$s" "$tr" "$rnd" avg_us "$avg"
+    else
+      local why; why=$(first_line "$o" 'ERROR')
+      [ -n "$why" ] || why="no latency in sockperf's output (see logs/$tag.out)"
+      [ "$tr" = rsp ] && [ -z "$RSP_SOCKPERF_WHY" ] && RSP_SOCKPERF_WHY="sockperf fails under librspreload: $why (rsockets' sendto() refuses a destination on a connected socket; sockperf always passes one)"
+      rec na "pp$s" "$tr" "$rnd" "${RSP_SOCKPERF_WHY:-$why}"
+    fi
+    [ -n "$QPS" ] && rec qp "pp$s" "$tr" "$rnd" "$QPS"
+    [ "$tr" = rsock ] && rec_sum "pp$s" rsock "$rnd" client "$tag"
+  done
+  tag=sp-tp-$tr-r$rnd
+  if [ "$tr" = rsp ] && [ -n "$RSP_SOCKPERF_WHY" ]; then
+    rec na sp_tp rsp "$rnd" "$RSP_SOCKPERF_WHY"
+  else
+    client "$tr" "$tag" "$TO" sockperf tp --tcp -i "$HOST" -p "$port" -m $SP_TP_SIZE -t "$T" --pre-warmup-wait "$WARM"
+    o=$OUT/logs/$tag.out
+    n=$(sed -n 's/.*Total of \([0-9]*\) messages sent in \([0-9.]*\) sec.*/\1/p' "$o")
+    secs=$(sed -n 's/.*Total of \([0-9]*\) messages sent in \([0-9.]*\) sec.*/\2/p' "$o")
+    if [ -n "$n" ] && [ -n "$secs" ] && ! grep -q ERROR "$o"; then
+      rec res sp_tp "$tr" "$rnd" mibps "$(awk -v n="$n" -v s="$secs" -v m=$SP_TP_SIZE 'BEGIN {printf "%.2f", n * m / s / 1048576}')"
+    else
+      rec na sp_tp "$tr" "$rnd" "$(first_line "$o" 'ERROR') (see logs/$tag.out)"
+    fi
+    [ "$tr" = rsock ] && rec_sum sp_tp rsock "$rnd" client "$tag"
+  fi
+  stop_srv INT
+  [ "$tr" = rsock ] && rec_sum sockperf rsock "$rnd" server "sp-srv-$tr-r$rnd"
+}
+
+# --- blocking ping-pong / stream / connection setup (rsock_connect_bench) ---
+run_cb() {  # TRANSPORT ROUND
+  local tr=$1 rnd=$2 port tag s o line why rc
+  port=$(free_port)
+  if ! start_srv "$tr" "cb-srv-$tr-r$rnd" "$port" "$CB" server "$HOST" "$port"; then
+    for s in $SIZES; do rec na "bpp$s" "$tr" "$rnd" "rsock_connect_bench server: $SRV_WHY"; done
+    rec na bstream "$tr" "$rnd" "rsock_connect_bench server: $SRV_WHY"
+    rec na connect "$tr" "$rnd" "rsock_connect_bench server: $SRV_WHY"
+    return
+  fi
+  for s in $SIZES; do
+    tag=cb-pp$s-$tr-r$rnd
+    client "$tr" "$tag" "$TO" "$CB" pingpong "$HOST" "$port" "$s" "$T" "$WARM"
+    rc=$?
+    o=$OUT/logs/$tag.out
+    line=$(sed -n 's/^pingpong_us size=[0-9]* n=[0-9]* median=\([0-9.]*\) p99=\([0-9.]*\) avg=\([0-9.]*\).*/\1 \2 \3/p' "$o")
+    if [ -n "$line" ]; then
+      set -- $line
+      rec res "bpp$s" "$tr" "$rnd" median_us "$1"; rec res "bpp$s" "$tr" "$rnd" p99_us "$2"
+      rec res "bpp$s" "$tr" "$rnd" avg_us "$3"
+    else
+      rec na "bpp$s" "$tr" "$rnd" "ping-pong failed (exit status $rc): $(tail -1 "$o" | cut -c1-160)"
+    fi
+    [ -n "$QPS" ] && rec qp "bpp$s" "$tr" "$rnd" "$QPS"
+    [ "$tr" = rsock ] && rec_sum "bpp$s" rsock "$rnd" client "$tag"
+  done
+  tag=cb-stream-$tr-r$rnd
+  client "$tr" "$tag" "$TO" "$CB" stream "$HOST" "$port" $STREAM_SIZE "$T" "$WARM"
+  rc=$?
+  o=$OUT/logs/$tag.out
+  line=$(sed -n 's/^stream .* mibps=\([0-9.]*\).*/\1/p' "$o")
+  if [ -n "$line" ]; then rec res bstream "$tr" "$rnd" mibps "$line"
+  else rec na bstream "$tr" "$rnd" "stream failed (exit status $rc): $(tail -1 "$o" | cut -c1-160)"; fi
+  [ -n "$QPS" ] && rec qp bstream "$tr" "$rnd" "$QPS"
+  [ "$tr" = rsock ] && rec_sum bstream rsock "$rnd" client "$tag"
+  tag=cb-connect-$tr-r$rnd
+  client "$tr" "$tag" "$TO" "$CB" client "$HOST" "$port" "$CONN_N"
+  rc=$?
+  o=$OUT/logs/$tag.out
+  line=$(sed -n 's/^connect_us n=[0-9]* median=\([0-9.]*\) p99=\([0-9.]*\) avg=\([0-9.]*\).*/\1 \2 \3/p' "$o")
+  if [ -n "$line" ]; then
+    set -- $line
+    rec res connect "$tr" "$rnd" median_us "$1"; rec res connect "$tr" "$rnd" p99_us "$2"
+    rec res connect "$tr" "$rnd" avg_us "$3"
+  else
+    rec na connect "$tr" "$rnd" "connect client failed (exit status $rc): $(tail -1 "$o" | cut -c1-160)"
+  fi
+  [ -n "$QPS" ] && rec qp connect "$tr" "$rnd" "$QPS"
+  line=$(sed -n 's/^connect_call_us n=[0-9]* median=\([0-9.]*\).*/\1/p' "$o")
+  [ -n "$line" ] && rec res connect_call "$tr" "$rnd" median_us "$line"
+  [ "$tr" = rsock ] && rec_sum connect rsock "$rnd" client "$tag"
+  stop_srv TERM
+  [ "$tr" = rsock ] && rec_sum cb rsock "$rnd" server "cb-srv-$tr-r$rnd"
+  [ "$tr" = rsock ] && run_connect_noupgrade "$rnd"
+}
+
+# Diagnostic for connection setup: librsock loaded on both ends but with
+# default = tcp (no upgrade is ever tried), separating the cost of the hooks
+# from that of starting the background upgrade.
+run_connect_noupgrade() {  # ROUND
+  local rnd=$1 port tag=cb-connect-noup-r$1 o line rc
+  port=$(free_port)
+  if ! RSOCK_DEFAULT=tcp start_srv rsock "cb-srv-noup-r$rnd" "$port" "$CB" server "$HOST" "$port"; then
+    rec na connect_noup rsock "$rnd" "rsock_connect_bench server: $SRV_WHY"; return
+  fi
+  RSOCK_DEFAULT=tcp client rsock "$tag" "$TO" "$CB" client "$HOST" "$port" "$CONN_N"
+  rc=$?
+  o=$OUT/logs/$tag.out
+  line=$(sed -n 's/^connect_us n=[0-9]* median=\([0-9.]*\) p99=\([0-9.]*\) avg=\([0-9.]*\).*/\1 \2 \3/p' "$o")
+  if [ -n "$line" ]; then
+    set -- $line
+    rec res connect_noup rsock "$rnd" median_us "$1"; rec res connect_noup rsock "$rnd" p99_us "$2"
+    rec res connect_noup rsock "$rnd" avg_us "$3"
+    line=$(sed -n 's/^connect_call_us n=[0-9]* median=\([0-9.]*\).*/\1/p' "$o")
+    [ -n "$line" ] && rec res connect_call_noup rsock "$rnd" median_us "$line"
+  else
+    rec na connect_noup rsock "$rnd" "connect client failed (exit status $rc): $(tail -1 "$o" | cut -c1-160)"
+  fi
+  rec_sum connect_noup rsock "$rnd" client "$tag"
+  stop_srv TERM
+}
+
+# --- iperf3 -----------------------------------------------------------------
+RSP_IPERF_WHY=
+run_iperf3() {  # TRANSPORT ROUND
+  local tr=$1 rnd=$2 port tag o bps to=$TO
+  if [ "$tr" = rsp ] && [ -n "$RSP_IPERF_WHY" ]; then rec na iperf3 rsp "$rnd" "$RSP_IPERF_WHY"; return; fi
+  [ "$tr" = rsp ] && to=$((IPERF_T * 3 + 5))   # it has hung before: do not wait long
+  port=$(free_port)
+  if ! start_srv "$tr" "iperf3-srv-$tr-r$rnd" "$port" iperf3 -s -B "$HOST" -p "$port" -1; then
+    rec na iperf3 "$tr" "$rnd" "iperf3 server: $SRV_WHY"; return
+  fi
+  tag=iperf3-$tr-r$rnd
+  # -O 1: the first second is not counted (librsock upgrades in the background).
+  client "$tr" "$tag" "$to" iperf3 -c "$HOST" -p "$port" -t "$IPERF_T" -O 1 -J
+  local rc=$?
+  o=$OUT/logs/$tag.out
+  bps=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"])' "$o" 2>/dev/null)
+  if [ $rc = 0 ] && [ -n "$bps" ] && awk -v b="$bps" 'BEGIN {exit !(b > 0)}'; then
+    rec res iperf3 "$tr" "$rnd" mibps "$(awk -v b="$bps" 'BEGIN {printf "%.2f", b / 8 / 1048576}')"
+  else
+    local why="iperf3 client exit status $rc"
+    [ $rc = 124 ] && why="iperf3 hung: no result after $to s (killed by timeout)"
+    [ -n "$bps" ] && why="$why, receiver counted ${bps%.*} bit/s"
+    [ "$tr" = rsp ] && RSP_IPERF_WHY="$why (under librspreload)"
+    rec na iperf3 "$tr" "$rnd" "$why"
+  fi
+  [ -n "$QPS" ] && rec qp iperf3 "$tr" "$rnd" "$QPS"
+  [ "$tr" = rsock ] && rec_sum iperf3 rsock "$rnd" client "$tag"
+  stop_srv TERM
+  [ "$tr" = rsock ] && rec_sum iperf3 rsock "$rnd" server "iperf3-srv-$tr-r$rnd"
+}
+
+# --- redis ------------------------------------------------------------------
+RSP_REDIS_WHY=
+run_redis() {  # TRANSPORT ROUND
+  local tr=$1 rnd=$2 port tag o set get d
+  if [ "$tr" = rsp ] && [ -n "$RSP_REDIS_WHY" ]; then
+    rec na redis_set rsp "$rnd" "$RSP_REDIS_WHY"; rec na redis_get rsp "$rnd" "$RSP_REDIS_WHY"; return
+  fi
+  port=$(free_port)
+  d=$(mktemp -d /tmp/redis.XXXXXX)
+  if ! start_srv "$tr" "redis-srv-$tr-r$rnd" "$port" redis-server --port "$port" --bind "$HOST" --save '' \
+       --appendonly no --dir "$d" --daemonize no --protected-mode no; then
+    local why="redis-server: $SRV_WHY"
+    [ "$tr" = rsp ] && RSP_REDIS_WHY="$why (under librspreload; redis registers its listening socket with epoll, which librspreload does not intercept)"
+    rec na redis_set "$tr" "$rnd" "${RSP_REDIS_WHY:-$why}"; rec na redis_get "$tr" "$rnd" "${RSP_REDIS_WHY:-$why}"
+    return
+  fi
+  tag=redis-$tr-r$rnd
+  client "$tr" "$tag" "$TO" redis-benchmark -h "$HOST" -p "$port" -t set,get -n "$REDIS_N" -c $REDIS_C --csv
+  o=$OUT/logs/$tag.out
+  set=$(awk -F'"' '$2=="SET" {print $4}' "$o")
+  get=$(awk -F'"' '$2=="GET" {print $4}' "$o")
+  if [ -n "$set" ] && [ -n "$get" ]; then
+    rec res redis_set "$tr" "$rnd" rps "$set"; rec res redis_get "$tr" "$rnd" rps "$get"
+  else
+    local why; why="redis-benchmark: $(grep -v '^$' "$o" | tail -1 | cut -c1-160)"
+    [ "$tr" = rsp ] && RSP_REDIS_WHY="$why (under librspreload)"
+    rec na redis_set "$tr" "$rnd" "$why"; rec na redis_get "$tr" "$rnd" "$why"
+  fi
+  [ -n "$QPS" ] && rec qp redis_set "$tr" "$rnd" "$QPS"
+  [ "$tr" = rsock ] && rec_sum redis_set rsock "$rnd" client "$tag"
+  stop_srv TERM
+  [ "$tr" = rsock ] && rec_sum redis rsock "$rnd" server "redis-srv-$tr-r$rnd"
+  rm -rf "$d"
+}
+
+# --- driver -----------------------------------------------------------------
+TRS=(raw tcp rsp rsock)
+[ -e "$RSP" ] || TRS=(raw tcp rsock)
+# A discarded perftest run first: right after boot the guest is still busy
+# (ib_send_lat has shown 4 ms round trips in the first seconds).
+perf 0 settle ib_send_lat -s 64 -n 200 >/dev/null 2>&1
+START=$(date +%s)
+echo "bench/compare in VM: $ROUNDS round(s), ${T}s runs, $(uname -r), $(nproc) vCPUs"
+for ((rnd = 1; rnd <= ROUNDS; rnd++)); do
+  # rotate the transport order each round
+  order=()
+  for ((i = 0; i < ${#TRS[@]}; i++)); do order+=("${TRS[(i + rnd - 1) % ${#TRS[@]}]}"); done
+  echo "== round $rnd: ${order[*]} ($(($(date +%s) - START)) s)"
+  for tr in "${order[@]}"; do
+    echo "   $tr ($(($(date +%s) - START)) s)"
+    if [ "$tr" = raw ]; then
+      run_raw_lat "$rnd"
+      run_raw_bw "$rnd"
+      for w in redis_set redis_get; do rec na "$w" raw "$rnd" "no raw-verbs redis: the raw baseline exists only for ping-pong (ib_send_lat) and streaming (ib_write_bw)"; done
+      rec na connect raw "$rnd" "perftest has no connection-setup test"
+      continue
+    fi
+    run_sockperf "$tr" "$rnd"
+    run_cb "$tr" "$rnd"
+    run_iperf3 "$tr" "$rnd"
+    run_redis "$tr" "$rnd"
+  done
+done
+rec meta elapsed_s "$(($(date +%s) - START))"
+echo "bench/compare in VM: done in $(($(date +%s) - START)) s, results in $R"

@@ -1,0 +1,431 @@
+#!/usr/bin/env python3
+"""bench/compare/report.py -- turn bench/compare's raw results into the report.
+
+  report.py RESULTS_DIR [--passthrough FILE] [--md OUT.md] [--png OUT.png]
+            [--command CMD] [--machine TEXT] [--check]
+
+RESULTS_DIR/results.tsv is written by bench/compare/in_vm.sh (format in its
+header); --passthrough is the stdout of bench/compare/run's native
+bench/passthrough/run. Prints the results table (Markdown) on stdout; --md
+writes the whole docs/PERFORMANCE.md (the part of an existing file below the
+HAND_WRITTEN marker is kept: measured notes on missed targets); --png draws
+latency vs message size with gnuplot. --check (the ctest smoke): exit 1
+unless every expected (workload, transport) cell has a figure or an
+explained n/a, and every librsock figure is proven to have run over RDMA.
+Stdlib only.
+"""
+import argparse
+import collections
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+
+HAND_WRITTEN = "<!-- Everything below this line is hand-written and kept by bench/compare/report.py. -->"
+TRANSPORTS = ("raw", "tcp", "rsp", "rsock")
+TNAME = {"raw": "raw verbs", "tcp": "TCP", "rsp": "rspreload", "rsock": "librsock"}
+SIZES = (64, 1024, 16384)   # the full run's; a --quick run measures fewer
+
+
+def size_name(s):
+    return f"{s // 1024} KiB" if s >= 1024 else f"{s} B"
+
+
+# (workload id, label, kind, librsock server group); kind: lat (us, lower is
+# better), bw (MiB/s), rps (requests/s), conn (us).
+WORKLOADS = (
+    [(f"pp{s}", f"sockperf ping-pong {size_name(s)}", "lat", "sockperf") for s in SIZES]
+    + [(f"bpp{s}", f"blocking ping-pong {size_name(s)}", "lat", "cb") for s in SIZES]
+    + [("sp_tp", "sockperf throughput 65000 B msgs", "bw", "sockperf"),
+       ("iperf3", "iperf3 single stream", "bw", "iperf3"),
+       ("bstream", "blocking stream 64 KiB writes", "bw", "cb"),
+       ("redis_set", "redis-benchmark SET -c 10", "rps", "redis"),
+       ("redis_get", "redis-benchmark GET -c 10", "rps", "redis"),
+       ("connect", "connect() to first echoed byte", "conn", "cb"),
+       # diagnostics for connection setup (median only, no check): the
+       # connect() call alone, and librsock with default = tcp on both ends
+       # (hooks only: no upgrade is started)
+       ("connect_call", "diagnostic: the connect() call alone", "diag", "cb"),
+       ("connect_noup", "diagnostic: connect to first byte, librsock default = tcp", "diag", "cb"),
+       ("connect_call_noup", "diagnostic: connect() call alone, librsock default = tcp", "diag", "cb")])
+UNIT = {"lat": "us", "bw": "MiB/s", "rps": "req/s", "conn": "us", "diag": "us median"}
+# Which raw-verbs figure each workload is compared with.
+RAW_FROM = {"pp64": "ib_send_lat -s 64", "pp1024": "ib_send_lat -s 1024", "pp16384": "ib_send_lat -s 16384",
+            "bpp64": "ib_send_lat -s 64", "bpp1024": "ib_send_lat -s 1024",
+            "bpp16384": "ib_send_lat -s 16384", "sp_tp": "ib_write_bw -s 65536",
+            "iperf3": "ib_write_bw -s 65536", "bstream": "ib_write_bw -s 65536"}
+RDMA_SHARE = 0.9   # librsock figure valid only if >= 90% of its bytes moved over RDMA
+
+
+def load(path):
+    res = collections.defaultdict(list)      # (w, t, metric) -> [(round, value)]
+    na = collections.defaultdict(list)       # (w, t) -> [(round, why)]
+    sums = {}                                # (group, t, round, role) -> [7 ints] or None
+    qps = collections.defaultdict(list)      # (w, t) -> [n]
+    meta = {}
+    with open(path) as f:
+        for line in f:
+            r = line.rstrip("\n").split("\t")
+            if r[0] == "res":
+                res[(r[1], r[2], r[4])].append((int(r[3]), float(r[5])))
+            elif r[0] == "na":
+                na[(r[1], r[2])].append((int(r[3]), r[4]))
+            elif r[0] == "sum":
+                v = r[5:]
+                sums[(r[1], r[2], int(r[3]), r[4])] = [int(x) for x in v] if len(v) == 7 else None
+            elif r[0] == "qp":
+                qps[(r[1], r[2])].append(int(r[4]))
+            elif r[0] == "meta":
+                meta[r[1]] = r[2]
+    return res, na, sums, qps, meta
+
+
+def rdma_ok(s):
+    """(ok, text) for one exit summary [c u f rtx rrx ttx trx]."""
+    if s is None:
+        return False, "no exit summary"
+    c, u, f, rtx, rrx, ttx, trx = s
+    rdma, tcp = rtx + rrx, ttx + trx
+    txt = f"conns={c} upgraded={u} rdma={rdma} B tcp={tcp} B"
+    if u < 1:
+        return False, txt + " (no upgrade)"
+    if rdma + tcp and rdma < RDMA_SHARE * (rdma + tcp):
+        return False, txt + f" (RDMA < {RDMA_SHARE:.0%} of bytes)"
+    return True, txt
+
+
+def validity(w, group, kind, rnd, sums):
+    """Is the librsock figure of workload w in round rnd proven to be RDMA?"""
+    cli = sums.get((w if w != "redis_get" else "redis_set", "rsock", rnd, "client"), "missing")
+    srv = sums.get((group, "rsock", rnd, "server"), "missing")
+    if kind == "conn":  # 1-byte connections close before the background upgrade: by design
+        return True, "connection setup (TCP-first by design): client " + (
+            rdma_ok(cli)[1] if cli != "missing" else "no summary")
+    notes, ok = [], True
+    for role, s in (("client", cli), ("server", srv)):
+        if s == "missing":
+            ok = False
+            notes.append(f"{role}: no summary recorded")
+            continue
+        good, txt = rdma_ok(s)
+        # A client summary may count no bytes at all (connections closed just
+        # before exit are not summed, README): then the server's decides.
+        if s is not None and role == "client" and good is False and s[1] >= 1 and s[3] + s[4] + s[5] + s[6] == 0:
+            good, txt = True, txt + " (bytes not in summary)"
+        ok &= good
+        notes.append(f"{role}: {txt}")
+    return ok, "; ".join(notes)
+
+
+def fmt(v, kind):
+    if v is None:
+        return "n/a"
+    if kind in ("lat", "conn"):
+        return f"{v:.1f}" if v < 1000 else f"{v:.0f}"
+    return f"{v:.1f}" if kind == "bw" else f"{v:.0f}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--passthrough")
+    ap.add_argument("--md")
+    ap.add_argument("--png")
+    ap.add_argument("--command", default="bench/compare/run")
+    ap.add_argument("--machine", default="")
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    res, na, sums, qps, meta = load(os.path.join(a.dir, "results.tsv"))
+    rounds = int(meta.get("rounds", "1"))
+    sizes = meta.get("sizes", " ".join(map(str, SIZES))).split()
+    workloads = [wl for wl in WORKLOADS
+                 if not wl[0].lstrip("b").startswith("pp") or wl[0].lstrip("b")[2:] in sizes]
+
+    med = {}            # (w, t, metric) -> median of valid runs
+    cell_why = {}       # (w, t) -> why there is no figure
+    invalid = []        # (w, round, why)
+    proof = []          # (w, round, text)
+    problems = []
+    for w, label, kind, group in workloads:
+        if kind == "diag":
+            for t in TRANSPORTS:
+                v = dict(res.get((w, t, "median_us"), []))
+                if v:
+                    med[(w, t, "median_us")] = statistics.median(v.values())
+            continue
+        metrics = ("median_us", "p99_us", "avg_us") if kind in ("lat", "conn") else (
+            ("mibps",) if kind == "bw" else ("rps",))
+        for t in TRANSPORTS:
+            runs = {m: dict(res.get((w, t, m), [])) for m in metrics}
+            good_rounds = set(runs[metrics[0]])
+            if t == "rsock":
+                for rnd in sorted(good_rounds):
+                    ok, txt = validity(w, group, kind, rnd, sums)
+                    proof.append((w, rnd, ("" if ok else "INVALID: ") + txt))
+                    if not ok:
+                        invalid.append((w, rnd, txt))
+                        good_rounds.discard(rnd)
+            if good_rounds:
+                for m in metrics:
+                    med[(w, t, m)] = statistics.median(runs[m][r] for r in good_rounds)
+            else:
+                whys = [why for _, why in na.get((w, t), [])]
+                if runs[metrics[0]]:
+                    cell_why[(w, t)] = "invalid: not proven to run over RDMA (see below)"
+                elif whys:
+                    cell_why[(w, t)] = whys[0]
+                else:
+                    cell_why[(w, t)] = "no result recorded"
+                    problems.append(f"{w}/{t}: neither a figure nor an explained n/a")
+            if t == "rsock" and (w, t) in cell_why:
+                problems.append(f"{w}/librsock: no valid figure: {cell_why[(w, t)]}")
+
+    # Pass-through (native): "| SET | plain | preload | ratio | verdict |" rows.
+    passthrough = {}
+    if a.passthrough and os.path.exists(a.passthrough):
+        with open(a.passthrough) as f:
+            for line in f:
+                c = [x.strip() for x in line.strip().strip("|").split("|")]
+                if len(c) == 5 and c[0] in ("SET", "GET") and c[1].replace(".", "").isdigit():
+                    passthrough[c[0]] = (float(c[1]), float(c[2]))
+
+    notes = {}  # footnote text -> number
+    def note(text):
+        if text not in notes:
+            notes[text] = len(notes) + 1
+        return f"n/a [{notes[text]}]"
+
+    def val(w, t, m):
+        return med.get((w, t, m))
+
+    def ratio(a_, b_):
+        return f"{a_ / b_:.2f}" if a_ is not None and b_ else "–"
+
+    lines = []
+    lines.append("| workload | unit | raw verbs | TCP | rspreload | librsock | librsock/raw | librsock/rspreload | librsock/TCP |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for w, label, kind, group in workloads:
+        m0 = "median_us" if kind in ("lat", "conn", "diag") else ("mibps" if kind == "bw" else "rps")
+        cells = []
+        for t in TRANSPORTS:
+            if kind == "diag":
+                cells.append(fmt(val(w, t, m0), "conn") if (w, t, m0) in med else "–")
+            elif (w, t, m0) in med:
+                if kind in ("lat", "conn"):
+                    cells.append(" / ".join(fmt(val(w, t, m), kind) for m in ("median_us", "p99_us", "avg_us")))
+                else:
+                    cells.append(fmt(val(w, t, m0), kind))
+            else:
+                cells.append(note(f"{TNAME[t]}: {cell_why[(w, t)]}"))
+        r = val(w, "rsock", m0)
+        unit = "us med / p99 / avg" if kind in ("lat", "conn") else UNIT[kind]
+        lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " | " +
+                     " | ".join(ratio(r, val(w, t, m0)) for t in ("raw", "rsp", "tcp")) + " |")
+    for t in ("SET", "GET"):
+        if t in passthrough:
+            p, q = passthrough[t]
+            lines.append(f"| pass-through redis {t} (native, no RDMA device) | req/s | – | {p:.0f} | – | {q:.0f} | – | – | {q / p:.3f} |")
+        else:
+            lines.append(f"| pass-through redis {t} (native, no RDMA device) | req/s | – | {note('pass-through: bench/passthrough/run did not run or printed no table')} | – | n/a | – | – | – |")
+    table = "\n".join(lines)
+
+    # Targets.
+    tl = ["| target | figure | ratio | verdict |", "|---|---|---:|---|"]
+    def target(name, w, t, m, op, limit):
+        r_ = val(w, "rsock", m)
+        b = val(w, t, m)
+        if r_ is None or b is None:
+            tl.append(f"| {name} | {w}: librsock vs {TNAME[t]} | – | not measured (n/a above) |")
+            return
+        q = r_ / b
+        ok = q <= limit if op == "<=" else q >= limit
+        tl.append(f"| {name} | {fmt(r_, 'lat' if 'us' in m else 'bw')} vs {fmt(b, 'lat' if 'us' in m else 'bw')} | {q:.2f} | {'met' if ok else 'MISSED'} |")
+    for w in ("pp64", "bpp64"):
+        lab = "sockperf" if w == "pp64" else "blocking"
+        target(f"64 B ping-pong ({lab}) median <= 1.15x raw verbs", w, "raw", "median_us", "<=", 1.15)
+        target(f"64 B ping-pong ({lab}) median <= 0.8x rspreload", w, "rsp", "median_us", "<=", 0.8)
+    for w, lab in (("iperf3", "iperf3"), ("sp_tp", "sockperf tp"), ("bstream", "blocking stream")):
+        target(f"streaming ({lab}) >= 0.85x ib_write_bw", w, "raw", "mibps", ">=", 0.85)
+        target(f"streaming ({lab}) >= 1.3x rspreload", w, "rsp", "mibps", ">=", 1.3)
+    target("connect-to-first-byte median <= 1.1x TCP", "connect", "tcp", "median_us", "<=", 1.1)
+    for t in ("SET", "GET"):
+        if t in passthrough:
+            p, q = passthrough[t]
+            tl.append(f"| pass-through redis {t} >= 0.98x plain | {q:.0f} vs {p:.0f} req/s | {q / p:.3f} | {'met' if q / p >= 0.98 else 'MISSED'} |")
+        else:
+            tl.append(f"| pass-through redis {t} >= 0.98x plain | – | – | not measured |")
+    targets = "\n".join(tl)
+
+    foot = "\n".join(f"{n}. {t}" for t, n in notes.items())
+    prooft = ["| workload | round | librsock exit summaries (client; server of that round) |", "|---|---:|---|"]
+    for w, rnd, txt in proof:
+        prooft.append(f"| {w} | {rnd} | {txt} |")
+    qpt = ", ".join(f"{w}: {max(v)}" for (w, t), v in sorted(qps.items()) if t == "rsp")
+
+    print(table)
+    print()
+    print(targets)
+    print()
+    print(foot)
+    if invalid:
+        print("\nINVALID librsock runs (excluded):")
+        for w, rnd, txt in invalid:
+            print(f"  {w} round {rnd}: {txt}")
+
+    if a.png:
+        plot(a.png, med)
+    if a.md:
+        write_md(a, meta, rounds, table, targets, foot, "\n".join(prooft), qpt, invalid)
+    if a.check:
+        for p in problems:
+            print("CHECK:", p)
+        print("check:", "FAIL" if problems else "PASS")
+        return 1 if problems else 0
+    return 0
+
+
+def plot(png, med):
+    """Latency vs message size: blocking ping-pong over every transport (the
+    workload rspreload can run), ib_send_lat, and sockperf's ping-pong."""
+    data = os.path.splitext(png)[0] + ".dat"
+    series = [("bpp", "raw", "raw verbs (ib\\_send\\_lat)"), ("bpp", "tcp", "TCP"), ("bpp", "rsp", "rspreload"),
+              ("bpp", "rsock", "librsock"), ("pp", "tcp", "TCP, sockperf"), ("pp", "rsock", "librsock, sockperf")]
+    with open(data, "w") as f:
+        f.write("# size " + " ".join(f"{p}_{t}" for p, t, _ in series) + "  (median one-way latency, us; NaN = n/a)\n")
+        for s in SIZES:
+            f.write(f"{s} " + " ".join(
+                f"{med[(p + str(s), t, 'median_us')]:.3f}" if (p + str(s), t, "median_us") in med else "NaN"
+                for p, t, _ in series) + "\n")
+    styles = ["lc rgb '#000000' dt 2", "lc rgb '#1f77b4'", "lc rgb '#2ca02c'", "lc rgb '#d62728'",
+              "lc rgb '#1f77b4' dt 3", "lc rgb '#d62728' dt 3"]
+    plots = ", ".join(f"'{data}' using 1:{i + 2} with linespoints lw 2 pt 7 {styles[i]} title '{title}'"
+                      for i, (_, _, title) in enumerate(series))
+    script = f"""set terminal pngcairo size 900,560 font 'DejaVu Sans,11'
+set output '{png}'
+set title 'Ping-pong latency vs message size (median, one way; QEMU TCG guest, Soft-RoCE rxe)'
+set xlabel 'message size (bytes)'
+set ylabel 'latency (us)'
+set logscale xy
+set xtics ('64' 64, '1K' 1024, '16K' 16384)
+set grid
+set key top left
+set datafile missing 'NaN'
+plot {plots}
+"""
+    r = subprocess.run(["gnuplot"], input=script, text=True, capture_output=True)
+    if r.returncode != 0:
+        print("gnuplot failed:", r.stderr, file=sys.stderr)
+
+
+def write_md(a, meta, rounds, table, targets, foot, prooft, qpt, invalid):
+    kept = ""
+    if os.path.exists(a.md):
+        with open(a.md) as f:
+            old = f.read()
+        if HAND_WRITTEN in old:
+            kept = old[old.index(HAND_WRITTEN) + len(HAND_WRITTEN):]
+    png = os.path.basename(a.png) if a.png else "performance.png"
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    doc = f"""# Performance: librsock vs raw verbs, rsocket and kernel TCP
+
+Generated by `bench/compare/run` (do not edit above the hand-written marker;
+rerun the command instead).
+
+## How to run
+
+```sh
+bench/compare/run [--quick] [--build DIR]     # from the repository root, as root; ~10 min
+```
+
+It boots the Soft-RoCE VM once (`tools/rxe-vm`) and runs
+`bench/compare/in_vm.sh` inside it: every workload over every transport,
+{rounds} rounds, the transport order rotating each round (raw, TCP,
+rspreload, librsock; then TCP, rspreload, librsock, raw; ...) so that drift
+of the guest hits all alike. Raw results and every program's log go to
+`BUILD/bench-compare/`. Back on the host it runs `bench/passthrough/run`
+natively (no RDMA device) and `bench/compare/report.py`, which prints the
+table, writes this file and draws `docs/{png}` with gnuplot. `--quick` is the
+ctest smoke `bench.compare.smoke` (label `rdma`: `vm.suite` runs it in the
+VM): 1 round of ~1 s runs; it checks that every cell has a figure or an
+explained n/a, never speed.
+
+Transports (both ends of every connection use the same one):
+- **raw verbs**: perftest over rdma_cm (`-R`): `ib_send_lat` for ping-pong
+  (its t_typical, 99% percentile and t_avg), `ib_write_bw -s 65536` for
+  streaming (perftest's MB/s are MiB/s);
+- **TCP**: the kernel, no preload;
+- **rspreload**: `LD_PRELOAD=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so`
+  (rdma-core's rsocket preload);
+- **librsock**: `LD_PRELOAD=BUILD/librsock.so` with `RSOCK_LOG_LEVEL=info`.
+  A librsock figure counts only if the exit summaries (`summary:
+  connections=.. upgraded=.. rdma_tx=.. rdma_rx=.. tcp_tx=.. tcp_rx=..`) of
+  the client and of the server show an upgraded connection and >= 90 % of
+  the bytes on RDMA; otherwise it is excluded and listed as invalid.
+
+Workloads (server on 10.77.0.1 in the guest):
+- **sockperf ping-pong** `sockperf pp --tcp -m SIZE -t S --pre-warmup-wait 1`
+  against `sockperf sr --tcp`: sockperf's percentile 50 / percentile 99 /
+  average latency (one way, us). The 1 s wait lets librsock's background
+  upgrade finish before measuring.
+- **blocking ping-pong / stream / connect** (`bench/connect`,
+  `rsock_connect_bench`): plain blocking `read`/`write`, so that rspreload
+  runs them too (it cannot run sockperf, iperf3 or redis, see the notes).
+  Ping-pong: one connection, SIZE bytes echoed, round trip / 2, after 1 s of
+  warm-up. Stream: 64 KiB writes for 1 + S s, the last S s counted up to the
+  server's byte-count reply. Connect: N sequential connections, time from
+  `connect()` to the first echoed byte (1 byte each way), then `close()`.
+- **sockperf throughput** `sockperf tp -m 65000`: messages sent / time.
+- **iperf3** `iperf3 -c -t S -O 1` (first second omitted): receiver bytes/s.
+- **redis-benchmark** `-t set,get -c 10 -n N` against `redis-server --save ''
+  --appendonly no`.
+- **pass-through** (native, no RDMA device): `bench/passthrough/run`,
+  redis-benchmark plain vs preloaded, alternating runs.
+
+Columns: each figure is the median over the rounds (latency cells: median /
+p99 / average of the per-round values). Ratios are librsock divided by the
+other transport, on the median latency or the throughput; for latency lower
+is better, for throughput higher. "n/a [k]" points to note k below, which
+says why there is no figure.
+
+## Results
+
+- Command: `{a.command}`
+- Machine: {a.machine}
+- Guest: QEMU TCG guest, 2 vCPUs, Soft-RoCE rxe ({meta.get('guest', '?')})
+- {rounds} round(s) of {meta.get('secs', '?')} s runs; VM part took {meta.get('elapsed_s', '?')} s; generated {when}
+
+{table}
+
+Notes (why a cell has no figure):
+
+{foot if foot else '(none)'}
+
+### Targets
+
+Benchmarks, not tests: a missed target is reported, never fails anything.
+
+{targets}
+
+![latency vs message size](./{png})
+
+`docs/{png}`: median one-way ping-pong latency vs message size; solid lines
+are the blocking ping-pong (the one latency workload every transport runs),
+dashed black is `ib_send_lat`, dotted lines are sockperf.
+
+### Proof that librsock ran over RDMA
+
+{('INVALID runs (excluded from the medians): ' + '; '.join(f'{w} round {r}' for w, r, _ in invalid)) if invalid else 'Every librsock figure above is backed by these exit summaries.'}
+
+{prooft}
+
+rspreload: RC QPs listed by `rdma resource show qp` 0.5 s into its client
+runs (> 0 means it really used RDMA): {qpt or 'not sampled'}.
+
+{HAND_WRITTEN}"""
+    with open(a.md, "w") as f:
+        f.write(doc + (kept if kept else "\n"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

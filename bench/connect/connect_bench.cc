@@ -1,0 +1,278 @@
+// rsock_connect_bench: socket workloads with blocking read()/write() only, so
+// that the same binary runs over kernel TCP, librsock and rdma-core's
+// librspreload (LD_PRELOAD). librspreload cannot run sockperf (it rejects
+// sendto() on a connected socket), iperf3 or redis-server; these modes give
+// the comparison with it a like-for-like workload (bench/compare/run).
+//   rsock_connect_bench server ADDR PORT
+//       one thread per connection: a connection whose first byte is 'S' is a
+//       stream (read to EOF, then reply with the 8-byte count); any other
+//       connection is echoed until EOF
+//   rsock_connect_bench client ADDR PORT N [WARMUP]
+//       connection setup: N sequential connections (socket, connect, send 1
+//       byte, recv 1 byte, close); the first WARMUP (default 5) are not
+//       counted (one-time costs, e.g. opening the RDMA device). Prints
+//       "connect_us n=N median=.. p99=.. avg=.. min=.. max=.." (microseconds),
+//       then the same for the connect() call alone ("connect_call_us ...").
+//   rsock_connect_bench pingpong ADDR PORT SIZE SECS [WARMUP_SECS]
+//       one connection, SIZE-byte messages echoed back, SECS seconds measured
+//       after WARMUP_SECS (default 1: librsock upgrades in the background).
+//       Prints "pingpong_us size=.. n=.. median=.. p99=.. avg=.." (round trip / 2).
+//   rsock_connect_bench stream ADDR PORT SIZE SECS [WARMUP_SECS]
+//       one connection, SIZE-byte writes for WARMUP_SECS + SECS, then EOF;
+//       throughput of the measured part up to the server's byte-count reply.
+//       Prints "stream size=.. bytes=.. secs=.. mibps=..".
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secs_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Exit cleanly on SIGTERM/SIGINT so that preloaded libraries print their exit
+// summaries (librsock's counters prove a run really used RDMA).
+volatile sig_atomic_t g_stop = 0;
+
+bool read_full(int fd, void* p, size_t n) {
+  for (size_t off = 0; off < n;) {
+    ssize_t r = read(fd, static_cast<char*>(p) + off, n - off);
+    if (r <= 0) return false;
+    off += size_t(r);
+  }
+  return true;
+}
+
+bool write_full(int fd, const void* p, size_t n) {
+  for (size_t off = 0; off < n;) {
+    ssize_t w = write(fd, static_cast<const char*>(p) + off, n - off);
+    if (w <= 0) return false;
+    off += size_t(w);
+  }
+  return true;
+}
+
+void serve_connection(int c) {
+  int nodelay = 1;
+  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &nodelay, sizeof nodelay);
+  std::vector<char> buf(256 * 1024);
+  ssize_t n = read(c, buf.data(), buf.size());
+  if (n > 0 && buf[0] == 'S') {
+    uint64_t total = uint64_t(n);  // the marker byte counts: the client counts it too
+    while ((n = read(c, buf.data(), buf.size())) > 0) total += uint64_t(n);
+    write_full(c, &total, sizeof total);
+  } else {
+    while (n > 0 && write_full(c, buf.data(), size_t(n))) n = read(c, buf.data(), buf.size());
+  }
+  close(c);
+}
+
+int dial(const sockaddr_in& a) {
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  if (c < 0) return -1;
+  int one = 1;
+  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (connect(c, reinterpret_cast<const sockaddr*>(&a), sizeof a)) {
+    close(c);
+    return -1;
+  }
+  return c;
+}
+
+// Prints median/p99/avg of the sorted samples.
+void print_stats(std::vector<double>& us) {
+  std::sort(us.begin(), us.end());
+  double sum = 0;
+  for (double v : us) sum += v;
+  auto pct = [&](double p) { return us[std::min(us.size() - 1, size_t(p * double(us.size())))]; };
+  printf("n=%zu median=%.2f p99=%.2f avg=%.2f min=%.2f max=%.2f\n", us.size(), pct(0.5), pct(0.99),
+         sum / double(us.size()), us.front(), us.back());
+}
+
+bool make_addr(const char* addr, int port, sockaddr_in* a) {
+  *a = {};
+  a->sin_family = AF_INET;
+  a->sin_port = htons(static_cast<uint16_t>(port));
+  return inet_pton(AF_INET, addr, &a->sin_addr) == 1;
+}
+
+int serve(const char* addr, int port) {
+  sockaddr_in a;
+  if (!make_addr(addr, port, &a)) {
+    fprintf(stderr, "rsock_connect_bench: bad address %s\n", addr);
+    return 2;
+  }
+  int l = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) || listen(l, 128)) {
+    perror("rsock_connect_bench: bind/listen");
+    return 1;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_stop = 1; };  // no SA_RESTART: accept() returns EINTR
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  printf("listening %s:%d\n", addr, port);
+  fflush(stdout);
+  while (!g_stop) {
+    int c = accept(l, nullptr, nullptr);
+    if (c < 0) continue;
+    std::thread(serve_connection, c).detach();
+  }
+  close(l);
+  return 0;
+}
+
+int client(const char* addr, int port, int n, int warmup) {
+  sockaddr_in a;
+  if (!make_addr(addr, port, &a) || n <= 0 || warmup < 0) {
+    fprintf(stderr, "rsock_connect_bench: bad arguments\n");
+    return 2;
+  }
+  std::vector<double> us, call_us;  // whole setup; the connect() call alone
+  us.reserve(size_t(n));
+  for (int i = 0; i < n + warmup; i++) {
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (c < 0) {
+      perror("rsock_connect_bench: socket");
+      return 1;
+    }
+    int one = 1;
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    auto t0 = Clock::now();  // from connect(), as the application sees it
+    if (connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a)) {
+      perror("rsock_connect_bench: connect");
+      return 1;
+    }
+    double call = secs_since(t0) * 1e6;
+    char b = 'x';
+    if (write(c, &b, 1) != 1 || read(c, &b, 1) != 1 || b != 'x') {
+      fprintf(stderr, "rsock_connect_bench: echo failed on connection %d\n", i);
+      return 1;
+    }
+    double dt = secs_since(t0) * 1e6;
+    close(c);
+    if (i >= warmup) {
+      us.push_back(dt);
+      call_us.push_back(call);
+    }
+  }
+  printf("connect_us ");
+  print_stats(us);
+  // Where the time goes: the connect() call itself vs the first round trip.
+  printf("connect_call_us ");
+  print_stats(call_us);
+  return 0;
+}
+
+int pingpong(const char* addr, int port, size_t size, double secs, double warmup) {
+  sockaddr_in a;
+  if (!make_addr(addr, port, &a) || size == 0 || secs <= 0) {
+    fprintf(stderr, "rsock_connect_bench: bad arguments\n");
+    return 2;
+  }
+  int c = dial(a);
+  if (c < 0) {
+    perror("rsock_connect_bench: connect");
+    return 1;
+  }
+  std::vector<char> out(size, 'p'), in(size);
+  std::vector<double> us;
+  auto start = Clock::now();
+  for (;;) {
+    double now = secs_since(start);
+    if (now >= warmup + secs) break;
+    auto t0 = Clock::now();
+    if (!write_full(c, out.data(), size) || !read_full(c, in.data(), size)) {
+      fprintf(stderr, "rsock_connect_bench: ping-pong failed\n");
+      return 1;
+    }
+    if (now >= warmup) us.push_back(secs_since(t0) * 1e6 / 2);
+  }
+  close(c);
+  if (us.empty()) return 1;
+  printf("pingpong_us size=%zu ", size);
+  print_stats(us);
+  return 0;
+}
+
+int stream(const char* addr, int port, size_t size, double secs, double warmup) {
+  sockaddr_in a;
+  if (!make_addr(addr, port, &a) || size == 0 || secs <= 0) {
+    fprintf(stderr, "rsock_connect_bench: bad arguments\n");
+    return 2;
+  }
+  int c = dial(a);
+  if (c < 0) {
+    perror("rsock_connect_bench: connect");
+    return 1;
+  }
+  std::vector<char> out(size, 's');
+  out[0] = 'S';  // the server counts instead of echoing
+  auto start = Clock::now(), t0 = start;
+  uint64_t sent = 0, base = 0;
+  bool measuring = false;
+  for (;;) {
+    double now = secs_since(start);
+    if (!measuring && now >= warmup) {
+      measuring = true;
+      t0 = Clock::now();
+      base = sent;
+    }
+    if (now >= warmup + secs) break;
+    if (!write_full(c, out.data(), size)) {
+      fprintf(stderr, "rsock_connect_bench: stream write failed\n");
+      return 1;
+    }
+    sent += size;
+  }
+  shutdown(c, SHUT_WR);
+  uint64_t got = 0;
+  if (!read_full(c, &got, sizeof got) || got != sent) {
+    fprintf(stderr, "rsock_connect_bench: server counted %llu of %llu bytes\n",
+                 (unsigned long long)got, (unsigned long long)sent);
+    return 1;
+  }
+  double dt = secs_since(t0);
+  close(c);
+  uint64_t bytes = sent - base;
+  printf("stream size=%zu bytes=%llu secs=%.3f mibps=%.2f\n", size, (unsigned long long)bytes, dt,
+         double(bytes) / dt / 1048576.0);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 4 && !strcmp(argv[1], "server")) return serve(argv[2], atoi(argv[3]));
+  if ((argc == 5 || argc == 6) && !strcmp(argv[1], "client"))
+    return client(argv[2], atoi(argv[3]), atoi(argv[4]), argc == 6 ? atoi(argv[5]) : 5);
+  if ((argc == 6 || argc == 7) && !strcmp(argv[1], "pingpong"))
+    return pingpong(argv[2], atoi(argv[3]), size_t(atol(argv[4])), atof(argv[5]),
+                    argc == 7 ? atof(argv[6]) : 1.0);
+  if ((argc == 6 || argc == 7) && !strcmp(argv[1], "stream"))
+    return stream(argv[2], atoi(argv[3]), size_t(atol(argv[4])), atof(argv[5]),
+                  argc == 7 ? atof(argv[6]) : 1.0);
+  fprintf(stderr,
+          "usage: rsock_connect_bench server ADDR PORT\n"
+          "       rsock_connect_bench client ADDR PORT N [WARMUP]\n"
+          "       rsock_connect_bench pingpong ADDR PORT SIZE SECS [WARMUP_SECS]\n"
+          "       rsock_connect_bench stream ADDR PORT SIZE SECS [WARMUP_SECS]\n");
+  return 2;
+}
