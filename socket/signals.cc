@@ -14,12 +14,16 @@ namespace {
 
 // Bit (sig - 1): a handler is installed for sig and has SA_RESTART.
 std::atomic<uint64_t> g_restart_bits{0};
+// Bit (sig - 1): a handler is installed for sig.
+std::atomic<uint64_t> g_caught_bits{0};
 
 void record(int sig, bool caught, bool restart) {
   if (sig < 1 || sig > 64) return;
   uint64_t bit = uint64_t{1} << (sig - 1);
   if (caught && restart) g_restart_bits.fetch_or(bit, std::memory_order_acq_rel);
   else g_restart_bits.fetch_and(~bit, std::memory_order_acq_rel);
+  if (caught) g_caught_bits.fetch_or(bit, std::memory_order_acq_rel);
+  else g_caught_bits.fetch_and(~bit, std::memory_order_acq_rel);
 }
 
 bool is_caught(const struct sigaction& sa) {
@@ -86,6 +90,24 @@ int restartable_poll(pollfd* fds, nfds_t n, int timeout_ms) {
   if (r < 0) return errno == EINTR ? EINTR : 0;
   for (nfds_t i = 0; i < n && i < 7; i++) fds[i].revents = all[i].revents;
   return t_sfd.fd >= 0 && (all[k - 1].revents & POLLIN) ? kRestarted : 0;
+}
+
+const sigset_t* SignalHold::engage(const sigset_t* caller_mask) {
+  if (!engaged_) {
+    uint64_t bits = g_caught_bits.load(std::memory_order_acquire);
+    sigset_t caught;
+    sigemptyset(&caught);
+    for (int sig = 1; sig <= 64; sig++)
+      if (bits & (uint64_t{1} << (sig - 1))) sigaddset(&caught, sig);
+    // SIGKILL/SIGSTOP are never caught; the rest stay pending until ppoll.
+    if (pthread_sigmask(SIG_BLOCK, &caught, &orig_) != 0) return caller_mask;
+    engaged_ = true;
+  }
+  return caller_mask ? caller_mask : &orig_;
+}
+
+SignalHold::~SignalHold() {
+  if (engaged_) pthread_sigmask(SIG_SETMASK, &orig_, nullptr);
 }
 
 }  // namespace rsock::socket
