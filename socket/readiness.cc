@@ -14,6 +14,7 @@
 #include "socket/fd_table.h"
 #include "socket/process.h"
 #include "socket/rendezvous.h"
+#include "socket/signals.h"
 #include "socket/stream.h"
 #include "util/clock.h"
 #include "util/sys.h"
@@ -99,6 +100,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     if (st) active.push_back(st);
 
   Deadline dl(timeout);
+  SignalHold hold;
   std::vector<pollfd> kfds;
   std::vector<nfds_t> kidx;
   auto scan = [&](bool full) -> int {
@@ -142,7 +144,8 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
       streams[i]->sleep_begin();
     }
     timespec buf;
-    int r = sys::libc.ppoll(wait.data(), wait.size(), dl.left(&buf), mask);
+    const sigset_t* sleep_mask = hold.engage(mask);
+    int r = sys::libc.ppoll(wait.data(), wait.size(), dl.left(&buf), sleep_mask);
     int err = errno;
     for (nfds_t i = 0; i < n; i++)
       if (streams[i]) streams[i]->sleep_end();
@@ -202,8 +205,18 @@ struct Reg {
   epoll_data_t data;
   bool user = false;     // true: lives here (upgraded); false: in the kernel
   bool disarmed = false; // EPOLLONESHOT fired, waiting for EPOLL_CTL_MOD
-  uint64_t last_gen = ~0ull;
-  int wake_fd = -1, conn_fd = -1;  // internal fds added to the kernel set
+  // Internal fds, in the shadow instance under `id`: the stream's wake and
+  // connection fds, and its TCP socket (edge-triggered) while data may still
+  // come that way (rendezvous, switch).
+  int wake_fd = -1, conn_fd = -1, tcp_fd = -1;
+  uint32_t id = 0;
+  bool dirty = true;      // an internal fd fired, or new/modified: evaluate
+  bool due_last = false;  // level-triggered and due at the last evaluation
+  uint64_t seen_gen = ~0ull;  // stream generation before the last evaluation
+  // Edge-triggered bookkeeping: what the last evaluation saw.
+  uint64_t last_rx = ~0ull, last_tx = ~0ull;
+  short last_ev = 0;
+  uint32_t tcp_fired = 0;  // epoll events of the TCP watch since then
 };
 
 // The kernel instance (the application's epfd) holds the kernel-side
@@ -222,6 +235,7 @@ struct EpollSet {
   int shadow = -1;
   int ready_fd = -1;
   bool ready_set = false;
+  uint32_t next_id = 1;
   std::atomic<bool> watched{false};  // written under mu; read without it as a hint
 };
 
@@ -300,11 +314,37 @@ void ensure_aux(EpollSet* set, int epfd) {
 
 int internal_target(EpollSet* set, int epfd) { return set->shadow >= 0 ? set->shadow : epfd; }
 
-void add_internal(EpollSet* set, int epfd, int fd) {
+// Shadow entries are named (id << 2) | kind.
+constexpr uint64_t kWakeOrConn = 0, kTcpWatch = 2;
+
+void add_internal(EpollSet* set, int epfd, int fd, uint32_t id, uint32_t events = EPOLLIN,
+                  uint64_t kind = kWakeOrConn) {
   epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = g_cookie;
+  ev.events = events;
+  ev.data.u64 = set->shadow >= 0 ? (uint64_t{id} << 2) | kind : g_cookie;
   sys::libc.epoll_ctl(internal_target(set, epfd), EPOLL_CTL_ADD, fd, &ev);
+}
+
+// Under set->mu: which registrations' internal fds fired since last time.
+// This is the set's ready list: collect() evaluates only those (plus the
+// level-triggered ones that were due, and any it cannot track), so a wait
+// costs one syscall here instead of one or two per upgraded socket.
+void drain_shadow(EpollSet* set) {
+  if (set->shadow < 0) return;
+  epoll_event evs[64];
+  for (;;) {
+    int k = sys::libc.epoll_wait(set->shadow, evs, 64, 0);
+    for (int i = 0; i < k; i++) {
+      for (auto& r : set->regs) {
+        if (r.id == (evs[i].data.u64 >> 2)) {
+          r.dirty = true;
+          if ((evs[i].data.u64 & 3) == kTcpWatch) r.tcp_fired |= evs[i].events;
+          break;
+        }
+      }
+    }
+    if (k < 64) break;
+  }
 }
 
 void del_internal(EpollSet* set, int epfd, int fd) {
@@ -325,19 +365,29 @@ void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
   sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.fd, nullptr);
   ensure_aux(set, epfd);
   r.user = true;
-  r.last_gen = ~0ull;
+  r.last_rx = r.last_tx = ~0ull;  // the first evaluation reports what is ready
+  r.last_ev = 0;
+  r.dirty = true;
   set->user_count++;
+  r.sock->epoll_users.fetch_add(1, std::memory_order_relaxed);
   r.wake_fd = st->wake_fd();
-  add_internal(set, epfd, r.wake_fd);
+  add_internal(set, epfd, r.wake_fd, r.id);
+}
+
+// Under set->mu: the internal fds of a registration leave the shadow.
+void del_internals(EpollSet* set, int epfd, Reg& r) {
+  del_internal(set, epfd, r.wake_fd);
+  del_internal(set, epfd, r.conn_fd);
+  del_internal(set, epfd, r.tcp_fd);
+  r.wake_fd = r.conn_fd = r.tcp_fd = -1;
 }
 
 // Under set->mu: back to the kernel (the upgrade fell back to TCP).
 void to_kernel(EpollSet* set, int epfd, Reg& r) {
-  del_internal(set, epfd, r.wake_fd);
-  del_internal(set, epfd, r.conn_fd);
-  r.wake_fd = r.conn_fd = -1;
+  del_internals(set, epfd, r);
   r.user = false;
   set->user_count--;
+  r.sock->epoll_users.fetch_sub(1, std::memory_order_relaxed);
   if (!r.disarmed) {
     epoll_event ev{r.events, r.data};
     sys::libc.epoll_ctl(epfd, EPOLL_CTL_ADD, r.fd, &ev);
@@ -347,11 +397,9 @@ void to_kernel(EpollSet* set, int epfd, Reg& r) {
 void drop(EpollSet* set, int epfd, size_t i) {
   Reg& r = set->regs[i];
   if (r.user) {
-    if (epfd >= 0) {
-      del_internal(set, epfd, r.wake_fd);
-      del_internal(set, epfd, r.conn_fd);
-    }
+    if (epfd >= 0) del_internals(set, epfd, r);
     set->user_count--;
+    r.sock->epoll_users.fetch_sub(1, std::memory_order_relaxed);
   }
   r.sock->unref();
   set->regs.erase(set->regs.begin() + long(i));
@@ -389,6 +437,7 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
             bool full = true) {
   int n = 0;
   bool still_due = false;  // user events a next call would report (ready_fd)
+  if (full) drain_shadow(set);
   for (size_t i = 0; i < set->regs.size();) {
     Reg& r = set->regs[i];
     // Linux keeps a registration until the socket's last fd is closed (a dup
@@ -409,24 +458,58 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
       if (int cfd = st->progress_fd(); cfd != r.conn_fd) {
         del_internal(set, epfd, r.conn_fd);
         r.conn_fd = cfd;
-        if (cfd >= 0) add_internal(set, epfd, cfd);
+        if (cfd >= 0) add_internal(set, epfd, cfd, r.id);
       }
+      // While data may arrive on TCP, its socket must wake the set too.
+      bool on_rdma = st->on_rdma();
+      int tfd = set->shadow >= 0 && !on_rdma ? st->tcp_fd() : -1;
+      if (tfd != r.tcp_fd) {
+        del_internal(set, epfd, r.tcp_fd);
+        r.tcp_fd = tfd;
+        uint32_t tev = EPOLLET | EPOLLIN | EPOLLRDHUP | (r.events & EPOLLOUT);
+        if (tfd >= 0) add_internal(set, epfd, tfd, r.id, tev, kTcpWatch);
+      }
+      // Skipped only when nothing can have changed: on RDMA, no internal fd
+      // fired (events nobody processed yet), the stream's generation is the
+      // one we evaluated (nobody else processed any), and it was not due
+      // (level-triggered readiness ends only by the application's own I/O).
+      bool look = !full || set->shadow < 0 || r.dirty || r.due_last || !on_rdma ||
+                  st->generation() != r.seen_gen ||
+                  r.sock->epoll_users.load(std::memory_order_relaxed) > 1;
       if (!r.disarmed && n >= max) still_due = true;  // not looked at: assume due
-      if (!r.disarmed && n < max) {
-        if (full) st->consume_wake();
+      if (!r.disarmed && n < max && look) {
+        if (full) {
+          st->consume_wake();
+          r.dirty = false;
+        }
+        r.seen_gen = st->generation();
         short ev = st->poll_events(to_poll(r.events), full);
-        uint64_t gen = st->generation();
-        bool due = ev > 0 && (!(r.events & EPOLLET) || gen != r.last_gen);
+        bool due = ev > 0;
+        if (due && (r.events & EPOLLET)) {
+          // Like the kernel: a new arrival, new send room, or a new
+          // hangup/error condition; not the stream's internal changes.
+          uint64_t rx = (ev & POLLIN) ? st->rx_arrived() : r.last_rx;
+          uint64_t tx = st->tx_room_events();
+          // (Arrivals are counted exactly by rx_arrived(); the TCP watch also
+          // fires for the switch marker, which is not data.)
+          due = ((ev & POLLIN) && rx != r.last_rx) ||
+                ((ev & POLLOUT) && (tx != r.last_tx || (r.tcp_fired & EPOLLOUT))) ||
+                (ev & ~r.last_ev & (POLLRDHUP | POLLHUP | POLLERR));
+          r.last_rx = rx;
+          r.last_tx = tx;
+        }
+        if (ev >= 0) r.last_ev = ev;
+        if (full) r.tcp_fired = 0;
+        r.due_last = false;
         if (ev < 0) {
           to_kernel(set, epfd, r);
         } else if (due) {
           out[n].events = to_epoll(ev);
           out[n].data = r.data;
           n++;
-          r.last_gen = gen;
           if (r.events & EPOLLONESHOT) r.disarmed = true;
           // Level-triggered: reported again next time, as the kernel would.
-          if (!(r.events & (EPOLLET | EPOLLONESHOT))) still_due = true;
+          if (!(r.events & (EPOLLET | EPOLLONESHOT))) still_due = r.due_last = true;
         }
       }
     }
@@ -447,9 +530,21 @@ void refresh(EpollSet* set, bool full) {
       due = true;  // fell back: the next collect hands it to the kernel; look now
       continue;
     }
-    if (full) st->consume_wake();
+    if (full) {
+      st->consume_wake();
+      r.dirty = true;  // its wakeup is consumed here: the next collect must look
+    }
     short ev = st->poll_events(to_poll(r.events), full);
-    if (ev != 0 && (ev < 0 || !(r.events & EPOLLET) || st->generation() != r.last_gen)) due = true;
+    if (ev < 0) {
+      due = true;
+    } else if (ev > 0) {
+      // Edge-triggered: as collect() would decide, without consuming the edge.
+      if (!(r.events & EPOLLET) || (r.tcp_fired & EPOLLOUT) ||
+          ((ev & POLLIN) && st->rx_arrived() != r.last_rx) ||
+          ((ev & POLLOUT) && st->tx_room_events() != r.last_tx) ||
+          (ev & ~r.last_ev & (POLLRDHUP | POLLHUP | POLLERR)))
+        due = true;
+    }
   }
   set_ready(set, due);
 }
@@ -501,7 +596,13 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
       r->events = ev->events;
       r->data = ev->data;
       r->disarmed = false;
-      r->last_gen = ~0ull;
+      r->last_rx = r->last_tx = ~0ull;
+      r->last_ev = 0;
+      r->dirty = true;
+      if (r->tcp_fd >= 0) {  // the edge-triggered TCP watch follows the mask's EPOLLOUT
+        del_internal(set, epfd, r->tcp_fd);
+        r->tcp_fd = -1;
+      }
       uint64_t one = 1;  // a waiter must re-check with the new mask
       (void)!sys::libc.write(r->wake_fd, &one, sizeof one);
       return 0;
@@ -513,6 +614,7 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
   if (op == EPOLL_CTL_ADD) {
     s->ref();
     set->regs.push_back({fd, s.get(), ev->events, ev->data});
+    set->regs.back().id = set->next_id++;
     if (Stream* st = governing_stream(s)) to_user(set, epfd, set->regs.back(), st);
   } else if (r && op == EPOLL_CTL_DEL) {
     drop(set, epfd, size_t(r - set->regs.data()));
@@ -533,6 +635,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     if (set->regs.empty()) return Err(kRedoPlain);
   }
   Deadline dl(timeout);
+  SignalHold hold;
   std::vector<Stream*> streams;
   for (;;) {
     int n;
@@ -545,10 +648,10 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       // Kernel-held registrations, without sleeping if we already have some.
       timespec zero{}, buf;
       const timespec* t = n ? &zero : (streams.empty() ? dl.left(&buf) : &zero);
-      int k = sys::libc.epoll_pwait2(epfd, ev + n, max - n, t, mask);
+      int k = sys::libc.epoll_pwait2(epfd, ev + n, max - n, t, hold.sleep_mask(mask));
       if (k < 0 && errno == ENOSYS) {
         int ms = t ? int(t->tv_sec * 1000 + t->tv_nsec / 1000000) : -1;
-        k = sys::libc.epoll_pwait(epfd, ev + n, max - n, ms, mask);
+        k = sys::libc.epoll_pwait(epfd, ev + n, max - n, ms, hold.sleep_mask(mask));
       }
       if (k < 0) {
         if (n) return n;
@@ -571,19 +674,20 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       std::lock_guard lk(set->mu);
       shadow = set->shadow;
     }
+    const sigset_t* sleep_mask = hold.engage(mask);
     for (Stream* st : streams) st->sleep_begin();
     timespec buf;
     const timespec* t = dl.left(&buf);
     int k;
     if (shadow >= 0) {
       pollfd pf[2] = {{epfd, POLLIN, 0}, {shadow, POLLIN, 0}};
-      k = sys::libc.ppoll(pf, 2, t, mask);
+      k = sys::libc.ppoll(pf, 2, t, sleep_mask);
       if (k > 0) k = 0;  // events are gathered below, without sleeping
     } else {
-      k = sys::libc.epoll_pwait2(epfd, ev, max, t, mask);
+      k = sys::libc.epoll_pwait2(epfd, ev, max, t, sleep_mask);
       if (k < 0 && errno == ENOSYS) {
         int ms = t ? int(t->tv_sec * 1000 + t->tv_nsec / 1000000) : -1;
-        k = sys::libc.epoll_pwait(epfd, ev, max, ms, mask);
+        k = sys::libc.epoll_pwait(epfd, ev, max, ms, sleep_mask);
       }
     }
     int err = errno;

@@ -29,6 +29,7 @@ void Socket::init(int domain, Role role, bool nonblocking) {
   names_.store(0, std::memory_order_relaxed);
   slot_ = nullptr;
   stream_.store(nullptr, std::memory_order_relaxed);
+  epoll_users.store(0, std::memory_order_relaxed);
   // Publishing the count last: a stale reader's try_ref() can only succeed
   // once the object is fully initialised.
   refs_.store(1, std::memory_order_release);

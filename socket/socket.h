@@ -77,6 +77,11 @@ class Socket {
   void ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
   void unref();
 
+  // User-space epoll registrations of this socket (socket/readiness.cc):
+  // with more than one, a set cannot rely on seeing every wakeup itself
+  // (another consumes it), so it re-evaluates the socket on every wait.
+  std::atomic<int> epoll_users{0};
+
  private:
   friend class SocketPool;
   std::atomic<uint32_t> refs_{0};
