@@ -4,6 +4,7 @@
 #include <infiniband/verbs.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -285,6 +286,7 @@ bool Stream::advance_locked(bool full) {
     slot_->set_ring_fill(g.send_ring_used, g.recv_ring_used);
     slot_->set_credits(g.credit_bytes);
   }
+  if (conn_->writable() > before_w) tx_gen_.fetch_add(1, std::memory_order_acq_rel);
   return p != phase() || conn_->readable() != before_r || conn_->writable() != before_w ||
          conn_->eof() != before_eof || conn_->error() != 0 || phase() == Phase::kSwitching;
 }
@@ -453,6 +455,22 @@ void Stream::drain_tcp() {
     return;
   }
   verified_ = true;
+}
+
+uint64_t Stream::rx_arrived() {
+  std::lock_guard lk(mu_);
+  uint64_t pos = tcp_rx_;
+  if ((tcp_rx_open() || !verified_) && tcp_fd_ >= 0) {
+    int k = 0;
+    if (sys::libc.ioctl(tcp_fd_, FIONREAD, &k) == 0 && k > 0) {
+      uint64_t q = uint64_t(k);
+      // Past the peer's offer only its marker follows: not application data.
+      if (!tcp_rx_open()) q = std::min<uint64_t>(q, rx_limit_ > tcp_rx_ ? rx_limit_ - tcp_rx_ : 0);
+      pos += q;
+    }
+  }
+  if (verified_ && conn_ && !rdma_dead_) pos += conn_->counters().bytes_received + conn_->readable();
+  return pos;
 }
 
 bool Stream::check_idle_tcp() {

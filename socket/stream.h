@@ -110,8 +110,14 @@ class Stream {
   void wake();              // pokes waiters (wake_fd_)
   int wake_fd() const { return wake_fd_; }
   void consume_wake();      // clears wake_fd_ before readiness is recomputed
-  // Bumped on every change waiters care about (edge-triggered epoll).
+  // Bumped on every change waiters care about.
   uint64_t generation() const { return gen_.load(std::memory_order_acquire); }
+  // Edge-triggered epoll (readiness.cc) reports arrivals, not internal
+  // changes: the stream position up to which the peer's bytes have arrived
+  // (read or not; the kernel socket's queue counts while data may be on
+  // TCP), and a count of "send room appeared on RDMA" events.
+  uint64_t rx_arrived();
+  uint64_t tx_room_events() const { return tx_gen_.load(std::memory_order_acquire); }
   bool on_rdma() const { return phase() == Phase::kRdma; }
   // Waiters announce themselves around sleeping, so that a thread that
   // changes readiness in passing (a recv that also polled the CQ) knows
@@ -138,6 +144,7 @@ class Stream {
   bool tcp_tx_open() const { return !offer_sent_; }
   bool tcp_rx_open() const { return !offer_rcvd_; }
   Status<size_t> try_recv(std::span<const iovec> iov, int flags);
+  Status<size_t> try_recv_source(std::span<const iovec> iov, int flags);
   Status<size_t> try_send(std::span<const iovec> iov, int flags);
   short events_locked(short interest);
 
@@ -145,6 +152,7 @@ class Stream {
   std::atomic<Phase> phase_{Phase::kPending};
   std::atomic<bool> governs_{true};
   std::atomic<uint64_t> gen_{0};
+  std::atomic<uint64_t> tx_gen_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> start_requested_{false};
   int tcp_fd_;         // our own dup of the kernel socket (CLOEXEC); -1 once aborted

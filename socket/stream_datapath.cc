@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "socket/process.h"
 #include "socket/signals.h"
@@ -87,11 +88,30 @@ Status<size_t> Stream::try_recv(std::span<const iovec> iov, int flags) {
   if (p == Phase::kPlain) return Err(kRedoPlain);
   // A reset is reported once, then the socket reads as EOF (like the kernel).
   if (p == Phase::kBroken) return err_ ? Status<size_t>(Err(std::exchange(err_, 0))) : size_t{0};
-  // 1. Bytes the library read ahead of the application come first.
-  if (size_t n = copy_staging(iov, peek)) {
-    if (plain_when_drained_ && staging_.empty()) set_phase(Phase::kPlain);
-    return n;
+  // 1. Bytes the library read ahead of the application come first; then, in
+  //    the same call, whatever follows them (the kernel's read returns all
+  //    that is queued, not just up to an internal boundary).
+  size_t n = copy_staging(iov, peek);
+  if (n == 0) return try_recv_source(iov, flags);
+  if (plain_when_drained_ && staging_.empty()) set_phase(Phase::kPlain);
+  if (n == iov_total(iov) || rd_shut_) return n;
+  // (Rare: only right after a switch. Small stack use for the common case.)
+  iovec small[8];
+  std::vector<iovec> big;
+  iovec* rest = small;
+  if (iov.size() > 8) {
+    big.resize(iov.size());
+    rest = big.data();
   }
+  // While peeking, staging is not consumed: what follows it is read as well.
+  auto more = try_recv_source(iov_advance(iov, n, rest), flags);
+  return n + (more ? *more : 0);
+}
+
+// The source after staging: the kernel socket while the peer's direction is
+// on TCP, then the RDMA stream.
+Status<size_t> Stream::try_recv_source(std::span<const iovec> iov, int flags) {
+  bool peek = flags & MSG_PEEK;
   if (rd_shut_) return size_t{0};
   // 2. The peer's direction still on TCP: read the kernel socket directly
   //    (under mu_, so an OFFER cannot be processed in the middle).
