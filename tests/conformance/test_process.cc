@@ -134,11 +134,10 @@ TEST_CASE("fork: a child accepting on an inherited listener (preforking server)"
 TEST_CASE("exec: a connected socket survives exec; FD_CLOEXEC ones do not") {
   // The exec'd program can only use the kernel socket, so a connection on
   // RDMA cannot follow it (librsock's documented limit, docs/DESIGN.md
-  // "fork"; the next case pins down how it fails). Over rxe these pairs use
-  // loopback, which librsock never upgrades, so exec itself is still tested.
-  const int family = expect_rdma() ? AF_INET6 : AF_INET;
-  Pair p = connected_pair(family);
-  Pair q = connected_pair(family);
+  // "fork"; the next case pins down how it fails). These pairs use loopback,
+  // which librsock never upgrades, so exec itself is tested in every run.
+  Pair p = connected_pair(AF_INET6);
+  Pair q = connected_pair(AF_INET6);
   REQUIRE(fcntl(q.client, F_SETFD, FD_CLOEXEC) == 0);
   const int kKeep = 7, kGone = 8;
   pid_t pid = fork();

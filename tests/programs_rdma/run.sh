@@ -150,7 +150,7 @@ check() {
   [ -n "$trx" ] || fail "$label: no counters"
   note "$label: conns=$conns upgraded=$up fallbacks=$fb | rdma tx=$rtx rx=$rrx | tcp tx=$ttx rx=$trx" \
        "| payload tx=$ntx rx=$nrx"
-  [ "$up" -ge 1 ] || fail "$label: no connection was upgraded to RDMA"
+  [ "$up" -ge 1 ] || [ -n "${REPORT_ONLY:-}" ] || fail "$label: no connection was upgraded to RDMA"
   [ "$ntx$nrx" != -- ] || return 0
   local why=
   [ $((rtx * 10)) -ge $((ntx * 9)) ] || why="only $rtx of $ntx payload bytes sent over RDMA (< 90%)"
@@ -324,8 +324,12 @@ pair_memcached() {
   { head -c $BLOB "$W/memccat.out" | cmp -s - "$W/blob.bin" && [ "$size" -le $((BLOB + 1)) ]; } ||
     fail "memccat returned other bytes than memccp stored ($size bytes)"
   note "memccp/memccat: a $BLOB-byte binary value round-trips correctly"
-  check "memccp (client, one-shot)" - - logs memccp
-  check "memccat (client, one-shot)" - - logs memccat
+  # One-shot clients: one 256 KiB transfer can finish on TCP before the
+  # background rendezvous does (TCP first: the application never waits for
+  # it), so their transport is reported, not required. memcaslap's long-lived
+  # connections below are checked strictly.
+  REPORT_ONLY=1 check "memccp (client, one-shot)" - - logs memccp
+  REPORT_ONLY=1 check "memccat (client, one-shot)" - - logs memccat
 
   client memcaslap 600 memcaslap -s "$HOST:$port" -T 2 -c 4 -x "$MC_N" -X $MC_D -v 1.0
   o=$W/memcaslap.out
