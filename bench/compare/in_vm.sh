@@ -43,7 +43,7 @@ done
 ulimit -l unlimited 2>/dev/null
 
 if [ "$QUICK" = --quick ]; then   # the ctest smoke: ~90 s in the VM
-  ROUNDS=1 T=1 WARM=1 LAT_N=200 CONN_N=20 REDIS_N=1000 IPERF_T=2 TO=60 SIZES="64"
+  ROUNDS=1 T=1 WARM=1 LAT_N=1000 CONN_N=20 REDIS_N=1000 IPERF_T=2 TO=60 SIZES="64"
 else
   ROUNDS=${ROUNDS:-3} T=${SECS:-2} WARM=1 LAT_N=2000 CONN_N=150 REDIS_N=6000 IPERF_T=3 TO=180 SIZES="64 1024 16384"
 fi

@@ -7,10 +7,12 @@
 //       one thread per connection: a connection whose first byte is 'S' is a
 //       stream (read to EOF, then reply with the 8-byte count); any other
 //       connection is echoed until EOF
-//   rsock_connect_bench client ADDR PORT N [WARMUP]
+//   rsock_connect_bench client ADDR PORT N [WARMUP [GAP_MS]]
 //       connection setup: N sequential connections (socket, connect, send 1
 //       byte, recv 1 byte, close); the first WARMUP (default 5) are not
-//       counted (one-time costs, e.g. opening the RDMA device). Prints
+//       counted (one-time costs, e.g. opening the RDMA device); GAP_MS
+//       (default 0) is an untimed pause after each close, to tell per-
+//       connection cost from background work left by earlier ones. Prints
 //       "connect_us n=N median=.. p99=.. avg=.. min=.. max=.." (microseconds),
 //       then the same for the connect() call alone ("connect_call_us ...").
 //   rsock_connect_bench pingpong ADDR PORT SIZE SECS [WARMUP_SECS]
@@ -139,7 +141,7 @@ int serve(const char* addr, int port) {
   return 0;
 }
 
-int client(const char* addr, int port, int n, int warmup) {
+int client(const char* addr, int port, int n, int warmup, int gap_ms) {
   sockaddr_in a;
   if (!make_addr(addr, port, &a) || n <= 0 || warmup < 0) {
     fprintf(stderr, "rsock_connect_bench: bad arguments\n");
@@ -168,6 +170,7 @@ int client(const char* addr, int port, int n, int warmup) {
     }
     double dt = secs_since(t0) * 1e6;
     close(c);
+    if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
     if (i >= warmup) {
       us.push_back(dt);
       call_us.push_back(call);
@@ -261,8 +264,9 @@ int stream(const char* addr, int port, size_t size, double secs, double warmup) 
 
 int main(int argc, char** argv) {
   if (argc == 4 && !strcmp(argv[1], "server")) return serve(argv[2], atoi(argv[3]));
-  if ((argc == 5 || argc == 6) && !strcmp(argv[1], "client"))
-    return client(argv[2], atoi(argv[3]), atoi(argv[4]), argc == 6 ? atoi(argv[5]) : 5);
+  if (argc >= 5 && argc <= 7 && !strcmp(argv[1], "client"))
+    return client(argv[2], atoi(argv[3]), atoi(argv[4]), argc >= 6 ? atoi(argv[5]) : 5,
+                  argc == 7 ? atoi(argv[6]) : 0);
   if ((argc == 6 || argc == 7) && !strcmp(argv[1], "pingpong"))
     return pingpong(argv[2], atoi(argv[3]), size_t(atol(argv[4])), atof(argv[5]),
                     argc == 7 ? atof(argv[6]) : 1.0);
@@ -271,7 +275,7 @@ int main(int argc, char** argv) {
                   argc == 7 ? atof(argv[6]) : 1.0);
   fprintf(stderr,
           "usage: rsock_connect_bench server ADDR PORT\n"
-          "       rsock_connect_bench client ADDR PORT N [WARMUP]\n"
+          "       rsock_connect_bench client ADDR PORT N [WARMUP [GAP_MS]]\n"
           "       rsock_connect_bench pingpong ADDR PORT SIZE SECS [WARMUP_SECS]\n"
           "       rsock_connect_bench stream ADDR PORT SIZE SECS [WARMUP_SECS]\n");
   return 2;
