@@ -274,7 +274,7 @@ def main():
             print(f"  {w} round {rnd}: {txt}")
 
     if a.png:
-        plot(a.png, med)
+        plot(a.png, os.path.join(a.dir, "performance.dat"), med)
     if a.md:
         write_md(a, meta, rounds, table, targets, foot, "\n".join(prooft), qpt, invalid)
     if a.check:
@@ -285,10 +285,10 @@ def main():
     return 0
 
 
-def plot(png, med):
+def plot(png, data, med):
     """Latency vs message size: blocking ping-pong over every transport (the
-    workload rspreload can run), ib_send_lat, and sockperf's ping-pong."""
-    data = os.path.splitext(png)[0] + ".dat"
+    workload rspreload can run), ib_send_lat, and sockperf's ping-pong. The
+    gnuplot data file goes to DATA (next to the raw results)."""
     series = [("bpp", "raw", "raw verbs (ib\\_send\\_lat)"), ("bpp", "tcp", "TCP"), ("bpp", "rsp", "rspreload"),
               ("bpp", "rsock", "librsock"), ("pp", "tcp", "TCP, sockperf"), ("pp", "rsock", "librsock, sockperf")]
     with open(data, "w") as f:
