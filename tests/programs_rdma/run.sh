@@ -136,7 +136,9 @@ snap() {
 # NEED_TX/NEED_RX payload bytes moved over RDMA. NEED_TX = NEED_RX = "-":
 # only the upgrade is checked (one-shot clients that write their payload
 # right after connect(): TCP-first carries what precedes the switch on TCP).
-# With SOFT set (soft_check) a byte shortfall returns 2 instead of failing.
+# With SOFT set (soft_check) a byte shortfall returns 2 instead of failing;
+# with REPORT_ONLY set the counters are only reported (a one-shot client may
+# finish before its rendezvous does: TCP first never makes it wait).
 check() {
   local label=$1 ntx=$2 nrx=$3 how=$4 c conns up fb rtx rrx ttx trx; shift 4
   if [ "$how" = logs ]; then
@@ -211,8 +213,9 @@ pair_redis() {
   client redis-cli-getblob 120 "${cli[@]}" --raw GET blob
   head -c $BLOB "$W/redis-cli-getblob.out" | cmp -s - "$W/blob.bin" || fail "GET blob returned other bytes"
   note "redis-cli: SET/GET greeting and a $BLOB-byte binary value round-trip correctly"
-  check "redis-cli SET blob (client, one-shot)" - - logs redis-cli-setblob
-  check "redis-cli GET blob (client, one-shot)" - - logs redis-cli-getblob
+  # One-shot: may finish on TCP before the rendezvous does (see memccat).
+  REPORT_ONLY=1 check "redis-cli SET blob (client, one-shot)" - - logs redis-cli-setblob
+  REPORT_ONLY=1 check "redis-cli GET blob (client, one-shot)" - - logs redis-cli-getblob
 
   client redis-bench 600 redis-benchmark -h "$HOST" -p "$port" -t set,get -n "$REDIS_N" -c "$REDIS_C" \
     -d "$REDIS_D" --csv
