@@ -211,13 +211,16 @@ struct Reg {
   int wake_fd = -1, conn_fd = -1, tcp_fd = -1;
   uint32_t id = 0;
   bool dirty = true;      // an internal fd fired, or new/modified: evaluate
+  bool dirty_all = true;  // evaluate with every syscall (new, modified, refreshed)
   bool due_last = false;  // level-triggered and due at the last evaluation
   uint64_t seen_gen = ~0ull;  // stream generation before the last evaluation
   // Edge-triggered bookkeeping: what the last evaluation saw.
   uint64_t last_rx = ~0ull, last_tx = ~0ull;
   short last_ev = 0;
   uint32_t tcp_fired = 0;  // epoll events of the TCP watch since then
+  uint8_t fired = 0;       // kFiredWake / kFiredConn: which internal fds fired
 };
+constexpr uint8_t kFiredWake = 1, kFiredConn = 2;
 
 // The kernel instance (the application's epfd) holds the kernel-side
 // registrations and ready_fd; librsock's internal fds (the streams' wake and
@@ -315,10 +318,10 @@ void ensure_aux(EpollSet* set, int epfd) {
 int internal_target(EpollSet* set, int epfd) { return set->shadow >= 0 ? set->shadow : epfd; }
 
 // Shadow entries are named (id << 2) | kind.
-constexpr uint64_t kWakeOrConn = 0, kTcpWatch = 2;
+constexpr uint64_t kWake = 0, kConn = 1, kTcpWatch = 2;
 
 void add_internal(EpollSet* set, int epfd, int fd, uint32_t id, uint32_t events = EPOLLIN,
-                  uint64_t kind = kWakeOrConn) {
+                  uint64_t kind = kWake) {
   epoll_event ev{};
   ev.events = events;
   ev.data.u64 = set->shadow >= 0 ? (uint64_t{id} << 2) | kind : g_cookie;
@@ -338,7 +341,9 @@ void drain_shadow(EpollSet* set) {
       for (auto& r : set->regs) {
         if (r.id == (evs[i].data.u64 >> 2)) {
           r.dirty = true;
-          if ((evs[i].data.u64 & 3) == kTcpWatch) r.tcp_fired |= evs[i].events;
+          uint64_t kind = evs[i].data.u64 & 3;
+          if (kind == kTcpWatch) r.tcp_fired |= evs[i].events;
+          else r.fired |= kind == kWake ? kFiredWake : kFiredConn;
           break;
         }
       }
@@ -367,7 +372,7 @@ void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
   r.user = true;
   r.last_rx = r.last_tx = ~0ull;  // the first evaluation reports what is ready
   r.last_ev = 0;
-  r.dirty = true;
+  r.dirty = r.dirty_all = true;
   set->user_count++;
   r.sock->epoll_users.fetch_add(1, std::memory_order_relaxed);
   r.wake_fd = st->wake_fd();
@@ -458,7 +463,7 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
       if (int cfd = st->progress_fd(); cfd != r.conn_fd) {
         del_internal(set, epfd, r.conn_fd);
         r.conn_fd = cfd;
-        if (cfd >= 0) add_internal(set, epfd, cfd, r.id);
+        if (cfd >= 0) add_internal(set, epfd, cfd, r.id, EPOLLIN, kConn);
       }
       // While data may arrive on TCP, its socket must wake the set too.
       bool on_rdma = st->on_rdma();
@@ -478,12 +483,23 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
                   r.sock->epoll_users.load(std::memory_order_relaxed) > 1;
       if (!r.disarmed && n >= max) still_due = true;  // not looked at: assume due
       if (!r.disarmed && n < max && look) {
-        if (full) {
+        // Only what fired costs syscalls: the wake eventfd is read if it
+        // fired, rdma_cm events and timers are processed if the connection's
+        // fd fired; otherwise the completion queue is polled (memory only).
+        bool deep = full;
+        if (full && set->shadow >= 0 && on_rdma && !r.dirty_all) {
+          if (r.fired & kFiredWake) st->consume_wake();
+          deep = r.fired & kFiredConn;
+        } else if (full) {
           st->consume_wake();
+        }
+        if (full) {
           r.dirty = false;
+          r.dirty_all = false;
+          r.fired = 0;
         }
         r.seen_gen = st->generation();
-        short ev = st->poll_events(to_poll(r.events), full);
+        short ev = st->poll_events(to_poll(r.events), deep);
         bool due = ev > 0;
         if (due && (r.events & EPOLLET)) {
           // Like the kernel: a new arrival, new send room, or a new
@@ -532,7 +548,7 @@ void refresh(EpollSet* set, bool full) {
     }
     if (full) {
       st->consume_wake();
-      r.dirty = true;  // its wakeup is consumed here: the next collect must look
+      r.dirty = r.dirty_all = true;  // its wakeup is consumed here: the next collect must look
     }
     short ev = st->poll_events(to_poll(r.events), full);
     if (ev < 0) {
@@ -598,7 +614,7 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
       r->disarmed = false;
       r->last_rx = r->last_tx = ~0ull;
       r->last_ev = 0;
-      r->dirty = true;
+      r->dirty = r->dirty_all = true;
       if (r->tcp_fd >= 0) {  // the edge-triggered TCP watch follows the mask's EPOLLOUT
         del_internal(set, epfd, r->tcp_fd);
         r->tcp_fd = -1;
