@@ -184,17 +184,22 @@ int client(const char* addr, int port, int n, int warmup, int gap_ms) {
   return 0;
 }
 
-int pingpong(const char* addr, int port, size_t size, double secs, double warmup) {
+// The one connection of the pingpong and stream modes: its fd, or -2 (bad
+// arguments) / -1 (connect failed), already reported.
+int open_measured(const char* addr, int port, size_t size, double secs) {
   sockaddr_in a;
   if (!make_addr(addr, port, &a) || size == 0 || secs <= 0) {
     fprintf(stderr, "rsock_connect_bench: bad arguments\n");
-    return 2;
+    return -2;
   }
   int c = dial(a);
-  if (c < 0) {
-    perror("rsock_connect_bench: connect");
-    return 1;
-  }
+  if (c < 0) perror("rsock_connect_bench: connect");
+  return c < 0 ? -1 : c;
+}
+
+int pingpong(const char* addr, int port, size_t size, double secs, double warmup) {
+  int c = open_measured(addr, port, size, secs);
+  if (c < 0) return c == -2 ? 2 : 1;
   std::vector<char> out(size, 'p'), in(size);
   std::vector<double> us;
   auto start = Clock::now();
@@ -216,16 +221,8 @@ int pingpong(const char* addr, int port, size_t size, double secs, double warmup
 }
 
 int stream(const char* addr, int port, size_t size, double secs, double warmup) {
-  sockaddr_in a;
-  if (!make_addr(addr, port, &a) || size == 0 || secs <= 0) {
-    fprintf(stderr, "rsock_connect_bench: bad arguments\n");
-    return 2;
-  }
-  int c = dial(a);
-  if (c < 0) {
-    perror("rsock_connect_bench: connect");
-    return 1;
-  }
+  int c = open_measured(addr, port, size, secs);
+  if (c < 0) return c == -2 ? 2 : 1;
   std::vector<char> out(size, 's');
   out[0] = 'S';  // the server counts instead of echoing
   auto start = Clock::now(), t0 = start;
