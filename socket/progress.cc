@@ -298,7 +298,7 @@ void* thread_main(void*) {
           }
           busy = true;
         } else {
-          if (st->take_start_request(now)) st->start_client();
+          if (st->take_start_request()) st->start_client();
           Phase p = st->phase();
           if (p == Phase::kRdma && !st->tcp_watched) watch_idle_tcp(st, EPOLL_CTL_ADD);
           if (p == Phase::kPending || p == Phase::kSwitching) busy = true;
@@ -401,7 +401,7 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
   Stream* st = new_stream(s, fd, true, local, peer);
   if (!st) return nullptr;
   s->set_stream(st);
-  st->request_start(now_ns() + uint64_t{process_config().tunables.upgrade_delay_ms} * 1000000 + 1);
+  st->request_start();
   std::lock_guard lk(g_mu);
   poke();
   return st;

@@ -63,8 +63,7 @@ Stream::Stream(int tcp_fd, bool client, const sockaddr_storage& local,
   g_streams_alive.fetch_add(1, std::memory_order_relaxed);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   my_cookie_ = random_cookie();
-  deadline_ns_ = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000 +
-                 uint64_t{process_config().tunables.upgrade_delay_ms} * 1000000;
+  deadline_ns_ = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
   stats::set_state(slot_, stats::ConnState::kUpgrading);
 }
 
@@ -99,56 +98,32 @@ void Stream::set_phase(Phase p) {
 }
 
 void Stream::start_client() {
+  std::lock_guard lk(mu_);
+  if (phase() != Phase::kPending || orphaned_) return;  // fell back (fork) or closed meanwhile
   wire::RendezvousRequest req{};
-  sockaddr_storage dst{}, src{};
-  {
-    std::lock_guard lk(mu_);
-    if (phase() != Phase::kPending || orphaned_ || conn_) return;  // fell back (fork) or closed
-    req.magic = wire::kRendezvousMagic;
-    req.version = wire::kRendezvousVersion;
-    req.client_port = reinterpret_cast<const sockaddr_in*>(&local_)->sin_port;  // same offset in v6
-    req.server_port = reinterpret_cast<const sockaddr_in*>(&peer_)->sin_port;
-    req.cookie = my_cookie_;
-    dst = peer_;
-    uint16_t port = ntohs(req.server_port);
-    uint16_t rport = static_cast<uint16_t>(port + process_config().tunables.port_offset);
-    reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(rport);
-    // Bind the rdma_cm source to the TCP source address: the server checks
-    // that both come from the same IP.
-    src = local_;
-    reinterpret_cast<sockaddr_in*>(&src)->sin_port = 0;
-  }
-  // Without mu_: creating the rdma_cm id and starting resolution costs
-  // syscalls the application's TCP I/O must not wait for.
+  req.magic = wire::kRendezvousMagic;
+  req.version = wire::kRendezvousVersion;
+  req.client_port = reinterpret_cast<const sockaddr_in*>(&local_)->sin_port;  // same offset in v6
+  req.server_port = reinterpret_cast<const sockaddr_in*>(&peer_)->sin_port;
+  req.cookie = my_cookie_;
+  sockaddr_storage dst = peer_;
+  uint16_t port = ntohs(req.server_port);
+  uint16_t rport = static_cast<uint16_t>(port + process_config().tunables.port_offset);
+  reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(rport);
+  // Bind the rdma_cm source to the TCP source address: the server checks that
+  // both come from the same IP.
+  sockaddr_storage src = local_;
+  reinterpret_cast<sockaddr_in*>(&src)->sin_port = 0;
   auto c = transport::Connection::connect(
       reinterpret_cast<const sockaddr*>(&dst), reinterpret_cast<const sockaddr*>(&src),
       std::as_bytes(std::span(&req, 1)), process_config().tunables);
   if (!c) {
+    mu_.unlock();
     fall_back(stats::FallbackReason::kResolveFailed);
+    mu_.lock();
     return;
   }
-  std::lock_guard lk(mu_);
-  if (phase() == Phase::kPending && !orphaned_) conn_ = std::move(*c);
-}
-
-// Why a rendezvous connection failed, for the fallback counters.
-stats::FallbackReason Stream::rendezvous_failure() const {
-  if (!client_) return stats::FallbackReason::kPeerClosed;  // the client went away
-  switch (conn_->error()) {
-    case ECONNREFUSED:
-      // A reject carrying our reason code came from a librsock peer; one
-      // without (no rdma_cm listener on that port) means a plain peer.
-      return conn_->reject_reason() != transport::RejectReason::kNone
-                 ? stats::FallbackReason::kConnectFailed
-                 : stats::FallbackReason::kPeerNotRsock;
-    case EHOSTUNREACH:
-    case ENETUNREACH:
-    case ETIMEDOUT: return stats::FallbackReason::kResolveFailed;
-    case ENOMEM:
-    case ENOSPC:
-    case ENODEV: return stats::FallbackReason::kResources;
-    default: return stats::FallbackReason::kConnectFailed;
-  }
+  conn_ = std::move(*c);
 }
 
 void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie) {
@@ -231,8 +206,10 @@ bool Stream::advance_locked(bool full) {
   auto st = full || p != Phase::kRdma ? conn_->progress() : conn_->poll_completions();
   if (!st) {
     if (p == Phase::kPending) {
-      auto reason = rendezvous_failure();
-      if (client_) negative_cache_add(peer_);
+      auto reason = conn_->reject_reason() != transport::RejectReason::kNone
+                        ? stats::FallbackReason::kConnectFailed
+                        : stats::FallbackReason::kResolveFailed;
+      negative_cache_add(peer_);
       mu_.unlock();
       fall_back(reason);
       mu_.lock();

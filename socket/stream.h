@@ -75,24 +75,11 @@ class Stream {
   // Drives everything that can be done now. Locks mu_ (try_lock if !block).
   // Returns true if readiness may have changed.
   bool advance(bool block = true);
-  void start_client();                        // begin rdma_cm connect (progress thread)
+  void start_client();                        // begin rdma_cm connect
   // The connect() hook only asks; the progress thread starts the rdma_cm
   // connect, so connect() costs the application no rdma_cm syscalls.
-  // The connect is started `upgrade_delay_ms` after connect(), or once the
-  // connection moved kEarlyStartBytes: connections that end sooner (one
-  // request, one reply) never pay for a rendezvous, whose CPU cost would
-  // otherwise slow the next connections down.
-  void request_start(uint64_t not_before_ns) {
-    start_at_ns_.store(not_before_ns, std::memory_order_release);
-  }
-  // A connection that moves kEarlyStartBytes on TCP first starts at once:
-  // bulk transfers should reach RDMA as early as possible.
-  static constexpr uint64_t kEarlyStartBytes = 64 * 1024;
-  bool take_start_request(uint64_t now) {
-    uint64_t at = start_at_ns_.load(std::memory_order_acquire);
-    bool due = now >= at || tcp_moved_.load(std::memory_order_relaxed) >= kEarlyStartBytes;
-    return at != 0 && due && start_at_ns_.compare_exchange_strong(at, 0);
-  }
+  void request_start() { start_requested_.store(true, std::memory_order_release); }
+  bool take_start_request() { return start_requested_.exchange(false, std::memory_order_acq_rel); }
   void attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie);
   void fall_back(stats::FallbackReason reason);  // give the socket back to the kernel
   // Called when the last application fd is gone. Returns true when the
@@ -148,7 +135,6 @@ class Stream {
   void rdma_failed_during_switch();
   void revert_to_tcp(stats::FallbackReason reason, const char* why);
   void begin_close();
-  stats::FallbackReason rendezvous_failure() const;
   void handle_controls();
   void write_marker();
   void drain_tcp();
@@ -168,8 +154,7 @@ class Stream {
   std::atomic<uint64_t> gen_{0};
   std::atomic<uint64_t> tx_gen_{0};
   std::atomic<int> sleepers_{0};
-  std::atomic<uint64_t> start_at_ns_{0};  // 0: no start pending
-  std::atomic<uint64_t> tcp_moved_{0};    // application bytes on TCP, both ways (for the start)
+  std::atomic<bool> start_requested_{false};
   int tcp_fd_;         // our own dup of the kernel socket (CLOEXEC); -1 once aborted
   int wake_fd_ = -1;   // eventfd, readable when waiters must re-check
   const bool client_;

@@ -123,7 +123,6 @@ Status<size_t> Stream::try_recv_source(std::span<const iovec> iov, int flags) {
     if (r < 0) return Err(errno);
     if (r > 0 && !peek) {
       tcp_rx_ += uint64_t(r);
-      tcp_moved_.fetch_add(uint64_t(r), std::memory_order_relaxed);
       if (slot_) slot_->add_rx(stats::Transport::kTcp, uint64_t(r));
     }
     return size_t(r);
@@ -152,7 +151,6 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
                                   (flags & (MSG_MORE | MSG_OOB)) | MSG_DONTWAIT | MSG_NOSIGNAL);
     if (r < 0) return Err(errno);
     tcp_tx_ += uint64_t(r);
-    tcp_moved_.fetch_add(uint64_t(r), std::memory_order_relaxed);
     if (slot_) slot_->add_tx(stats::Transport::kTcp, uint64_t(r));
     return size_t(r);
   }
