@@ -222,12 +222,15 @@ def main():
         unit = "us med / p99 / avg" if kind in ("lat", "conn") else UNIT[kind]
         lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " | " +
                      " | ".join(ratio(r, val(w, t, m0)) for t in ("raw", "rsp", "tcp")) + " |")
+    pt_targets = []  # the pass-through rows of the targets table, made here with their figures
     for t in ("SET", "GET"):
         if t in passthrough:
             p, q = passthrough[t]
             lines.append(f"| pass-through redis {t} (native, no RDMA device) | req/s | – | {p:.0f} | – | {q:.0f} | – | – | {q / p:.3f} |")
+            pt_targets.append(f"| pass-through redis {t} >= 0.98x plain | {q:.0f} vs {p:.0f} req/s | {q / p:.3f} | {'met' if q / p >= 0.98 else 'MISSED'} |")
         else:
             lines.append(f"| pass-through redis {t} (native, no RDMA device) | req/s | – | {note('pass-through: bench/passthrough/run did not run or printed no table')} | – | n/a | – | – | – |")
+            pt_targets.append(f"| pass-through redis {t} >= 0.98x plain | – | – | not measured |")
     table = "\n".join(lines)
 
     # Targets.
@@ -249,12 +252,7 @@ def main():
         target(f"streaming ({lab}) >= 0.85x ib_write_bw", w, "raw", "mibps", ">=", 0.85)
         target(f"streaming ({lab}) >= 1.3x rspreload", w, "rsp", "mibps", ">=", 1.3)
     target("connect-to-first-byte median <= 1.1x TCP", "connect", "tcp", "median_us", "<=", 1.1)
-    for t in ("SET", "GET"):
-        if t in passthrough:
-            p, q = passthrough[t]
-            tl.append(f"| pass-through redis {t} >= 0.98x plain | {q:.0f} vs {p:.0f} req/s | {q / p:.3f} | {'met' if q / p >= 0.98 else 'MISSED'} |")
-        else:
-            tl.append(f"| pass-through redis {t} >= 0.98x plain | – | – | not measured |")
+    tl.extend(pt_targets)
     targets = "\n".join(tl)
 
     foot = "\n".join(f"{n}. {t}" for t, n in notes.items())
