@@ -46,9 +46,8 @@ int epoll_filter_internal(int epfd, epoll_event* ev, int n);
 // An epoll fd or a socket fd was closed.
 void epoll_fd_closed(int fd);
 
-// epoll_create/epoll_create1 returned epfd. Where RDMA exists its EpollSet
-// exists from then on, so that nesting it is noticed even before it holds a
-// tracked socket (elsewhere no socket can ever upgrade).
+// epoll_create/epoll_create1 returned epfd (its EpollSet exists from then on,
+// so that nesting it is noticed even before it holds a tracked socket).
 void epoll_created(int epfd);
 // fd is being polled, or added to another epoll instance: if it is an epoll
 // instance, its readiness must be kept exact from now on (see EpollSet).
