@@ -42,15 +42,6 @@ struct ThreadSignalFd {
 };
 thread_local ThreadSignalFd t_sfd;
 
-// The signals of a bit set (bit sig - 1).
-sigset_t to_sigset(uint64_t bits) {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig = 1; sig <= 64; sig++)
-    if (bits & (uint64_t{1} << (sig - 1))) sigaddset(&set, sig);
-  return set;
-}
-
 }  // namespace
 
 void signals_scan() {
@@ -79,7 +70,10 @@ int restartable_poll(pollfd* fds, nfds_t n, int timeout_ms) {
     int r = sys::libc.poll(fds, n, timeout_ms);
     return r < 0 && errno == EINTR ? EINTR : 0;
   }
-  sigset_t restart = to_sigset(bits);
+  sigset_t restart;
+  sigemptyset(&restart);
+  for (int sig = 1; sig <= 64; sig++)
+    if (bits & (uint64_t{1} << (sig - 1))) sigaddset(&restart, sig);
   if (t_sfd.bits != bits || t_sfd.fd < 0) {
     t_sfd.fd = signalfd(t_sfd.fd, &restart, SFD_NONBLOCK | SFD_CLOEXEC);
     t_sfd.bits = t_sfd.fd >= 0 ? bits : 0;
@@ -100,7 +94,11 @@ int restartable_poll(pollfd* fds, nfds_t n, int timeout_ms) {
 
 const sigset_t* SignalHold::engage(const sigset_t* caller_mask) {
   if (!engaged_) {
-    sigset_t caught = to_sigset(g_caught_bits.load(std::memory_order_acquire));
+    uint64_t bits = g_caught_bits.load(std::memory_order_acquire);
+    sigset_t caught;
+    sigemptyset(&caught);
+    for (int sig = 1; sig <= 64; sig++)
+      if (bits & (uint64_t{1} << (sig - 1))) sigaddset(&caught, sig);
     // SIGKILL/SIGSTOP are never caught; the rest stay pending until ppoll.
     if (pthread_sigmask(SIG_BLOCK, &caught, &orig_) != 0) return caller_mask;
     engaged_ = true;
