@@ -210,7 +210,8 @@ struct Reg {
   // come that way (rendezvous, switch).
   int wake_fd = -1, conn_fd = -1, tcp_fd = -1;
   uint32_t id = 0;
-  bool dirty_all = true;  // new, modified or refreshed: evaluate with every syscall
+  bool dirty = true;      // an internal fd fired, or new/modified: evaluate
+  bool dirty_all = true;  // evaluate with every syscall (new, modified, refreshed)
   bool due_last = false;  // level-triggered and due at the last evaluation
   uint64_t seen_gen = ~0ull;  // stream generation before the last evaluation
   // Edge-triggered bookkeeping: what the last evaluation saw.
@@ -218,8 +219,6 @@ struct Reg {
   short last_ev = 0;
   uint32_t tcp_fired = 0;  // epoll events of the TCP watch since then
   uint8_t fired = 0;       // kFiredWake / kFiredConn: which internal fds fired
-  // Something to evaluate: an internal fd fired, or the registration changed.
-  bool dirty() const { return fired || tcp_fired || dirty_all; }
 };
 constexpr uint8_t kFiredWake = 1, kFiredConn = 2;
 
@@ -341,6 +340,7 @@ void drain_shadow(EpollSet* set) {
     for (int i = 0; i < k; i++) {
       for (auto& r : set->regs) {
         if (r.id == (evs[i].data.u64 >> 2)) {
+          r.dirty = true;
           uint64_t kind = evs[i].data.u64 & 3;
           if (kind == kTcpWatch) r.tcp_fired |= evs[i].events;
           else r.fired |= kind == kWake ? kFiredWake : kFiredConn;
@@ -372,7 +372,7 @@ void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
   r.user = true;
   r.last_rx = r.last_tx = ~0ull;  // the first evaluation reports what is ready
   r.last_ev = 0;
-  r.dirty_all = true;
+  r.dirty = r.dirty_all = true;
   set->user_count++;
   r.sock->epoll_users.fetch_add(1, std::memory_order_relaxed);
   r.wake_fd = st->wake_fd();
@@ -436,19 +436,6 @@ uint32_t to_epoll(short p) {
   return e;
 }
 
-// Edge-triggered: whether a ready registration has an edge to report, like
-// the kernel's: a new arrival, new send room, or a new hangup/error; not the
-// stream's internal steps. *rx / *tx get what this evaluation saw. (Arrivals
-// are counted exactly by rx_arrived(); the TCP watch also fires for the
-// switch marker, which is not data, so only its EPOLLOUT counts.)
-bool edge_due(const Reg& r, Stream* st, short ev, uint64_t* rx, uint64_t* tx) {
-  if (ev & POLLIN) *rx = st->rx_arrived();
-  *tx = st->tx_room_events();
-  return ((ev & POLLIN) && *rx != r.last_rx) ||
-         ((ev & POLLOUT) && (*tx != r.last_tx || (r.tcp_fired & EPOLLOUT))) ||
-         (ev & ~r.last_ev & (POLLRDHUP | POLLHUP | POLLERR));
-}
-
 // Under set->mu: keeps registrations in step with their sockets and returns
 // the user-space events that are due. `streams` collects the live streams.
 int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stream*>* streams,
@@ -491,7 +478,7 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
       // fired (events nobody processed yet), the stream's generation is the
       // one we evaluated (nobody else processed any), and it was not due
       // (level-triggered readiness ends only by the application's own I/O).
-      bool look = !full || set->shadow < 0 || r.dirty() || r.due_last || !on_rdma ||
+      bool look = !full || set->shadow < 0 || r.dirty || r.due_last || !on_rdma ||
                   st->generation() != r.seen_gen ||
                   r.sock->epoll_users.load(std::memory_order_relaxed) > 1;
       if (!r.disarmed && n >= max) still_due = true;  // not looked at: assume due
@@ -506,21 +493,29 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
         } else if (full) {
           st->consume_wake();
         }
+        if (full) {
+          r.dirty = false;
+          r.dirty_all = false;
+          r.fired = 0;
+        }
         r.seen_gen = st->generation();
         short ev = st->poll_events(to_poll(r.events), deep);
         bool due = ev > 0;
         if (due && (r.events & EPOLLET)) {
-          uint64_t rx = r.last_rx, tx = r.last_tx;
-          due = edge_due(r, st, ev, &rx, &tx);
+          // Like the kernel: a new arrival, new send room, or a new
+          // hangup/error condition; not the stream's internal changes.
+          uint64_t rx = (ev & POLLIN) ? st->rx_arrived() : r.last_rx;
+          uint64_t tx = st->tx_room_events();
+          // (Arrivals are counted exactly by rx_arrived(); the TCP watch also
+          // fires for the switch marker, which is not data.)
+          due = ((ev & POLLIN) && rx != r.last_rx) ||
+                ((ev & POLLOUT) && (tx != r.last_tx || (r.tcp_fired & EPOLLOUT))) ||
+                (ev & ~r.last_ev & (POLLRDHUP | POLLHUP | POLLERR));
           r.last_rx = rx;
           r.last_tx = tx;
         }
         if (ev >= 0) r.last_ev = ev;
-        if (full) {
-          r.dirty_all = false;
-          r.fired = 0;
-          r.tcp_fired = 0;
-        }
+        if (full) r.tcp_fired = 0;
         r.due_last = false;
         if (ev < 0) {
           to_kernel(set, epfd, r);
@@ -553,12 +548,19 @@ void refresh(EpollSet* set, bool full) {
     }
     if (full) {
       st->consume_wake();
-      r.dirty_all = true;  // its wakeup is consumed here: the next collect must look
+      r.dirty = r.dirty_all = true;  // its wakeup is consumed here: the next collect must look
     }
     short ev = st->poll_events(to_poll(r.events), full);
-    uint64_t rx = r.last_rx, tx = r.last_tx;  // not kept: the edge stays for epoll_wait
-    if (ev < 0 || (ev > 0 && (!(r.events & EPOLLET) || edge_due(r, st, ev, &rx, &tx))))
+    if (ev < 0) {
       due = true;
+    } else if (ev > 0) {
+      // Edge-triggered: as collect() would decide, without consuming the edge.
+      if (!(r.events & EPOLLET) || (r.tcp_fired & EPOLLOUT) ||
+          ((ev & POLLIN) && st->rx_arrived() != r.last_rx) ||
+          ((ev & POLLOUT) && st->tx_room_events() != r.last_tx) ||
+          (ev & ~r.last_ev & (POLLRDHUP | POLLHUP | POLLERR)))
+        due = true;
+    }
   }
   set_ready(set, due);
 }
@@ -612,7 +614,7 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
       r->disarmed = false;
       r->last_rx = r->last_tx = ~0ull;
       r->last_ev = 0;
-      r->dirty_all = true;
+      r->dirty = r->dirty_all = true;
       if (r->tcp_fd >= 0) {  // the edge-triggered TCP watch follows the mask's EPOLLOUT
         del_internal(set, epfd, r->tcp_fd);
         r->tcp_fd = -1;
@@ -749,10 +751,7 @@ void epoll_fd_closed(int fd) {
   set->watched = false;
 }
 
-void epoll_created(int epfd) {
-  // Only a process that can upgrade sockets ever needs one.
-  if (rdma_available()) (void)set_for(epfd);
-}
+void epoll_created(int epfd) { (void)set_for(epfd); }
 
 void epoll_observed(int fd) {
   if (EpollSet* set = set_of(fd)) watch(set);
