@@ -6,9 +6,11 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <cstdarg>
 
 #include "preload/hook.h"
+#include "socket/process.h"
 #include "socket/readiness.h"
 #include "socket/signals.h"
 #include "socket/rendezvous.h"
@@ -143,26 +145,77 @@ RSOCK_HOOK pid_t fork(void) noexcept {
   return h.pass(pid);
 }
 
-// Signal dispositions are recorded so that emulated blocking socket calls
-// restart (SA_RESTART) or fail with EINTR exactly like the kernel's.
+// Handlers go in through librsock's trampoline (socket/signals.h), so that
+// an emulated blocking call notices every handler that runs during it and
+// returns EINTR or restarts exactly like the kernel's. glibc's signal(),
+// sysv_signal() and siginterrupt() call sigaction internally, past this
+// hook, so they are re-implemented here with glibc's flags.
+namespace rsock::preload {
+
+static int install(int sig, const struct sigaction* act, struct sigaction* old) {
+  if (t_depth > 1 || !socket::tracking_enabled()) return real().sigaction(sig, act, old);
+  return socket::signal_action(sig, act, old);
+}
+
+// Signals siginterrupt() made interrupting: signal() leaves SA_RESTART off
+// for them (glibc keeps the same set, _sigintr).
+static std::atomic<uint64_t> g_sigintr{0};
+
+static uint64_t sig_bit(int sig) { return sig >= 1 && sig <= 64 ? uint64_t{1} << (sig - 1) : 0; }
+
+static sighandler_t set_handler(HookScope& h, int sig, sighandler_t fn, int flags, bool mask_self) {
+  if (fn == SIG_ERR || sig < 1 || sig >= NSIG) {
+    errno = EINVAL;
+    return SIG_ERR;
+  }
+  struct sigaction sa {}, old{};
+  sa.sa_handler = fn;
+  sigemptyset(&sa.sa_mask);
+  if (mask_self) sigaddset(&sa.sa_mask, sig);
+  sa.sa_flags = flags;
+  if (install(sig, &sa, &old) < 0) return SIG_ERR;
+  h.pass(0);  // errno as the caller left it
+  return old.sa_handler;
+}
+
+}  // namespace rsock::preload
+
 RSOCK_HOOK int sigaction(int sig, const struct sigaction* act, struct sigaction* old) noexcept {
   HookScope h;
-  int r = real().sigaction(sig, act, old);
-  if (r == 0 && act) rsock::socket::signal_handler_set(sig, *act);
-  return h.pass(r);
+  return h.pass(rsock::preload::install(sig, act, old));
 }
 
-// glibc's signal() has BSD semantics: SA_RESTART.
+// BSD semantics, as glibc: the handler's own signal masked, SA_RESTART
+// unless siginterrupt() said otherwise.
 RSOCK_HOOK sighandler_t signal(int sig, sighandler_t handler) noexcept {
   HookScope h;
-  sighandler_t r = real().signal(sig, handler);
-  if (r != SIG_ERR) rsock::socket::signal_handler_set_bsd(sig, handler, true);
-  return r;
+  bool intr = rsock::preload::g_sigintr.load() & rsock::preload::sig_bit(sig);
+  return rsock::preload::set_handler(h, sig, handler, intr ? 0 : SA_RESTART, true);
 }
 
+RSOCK_HOOK sighandler_t bsd_signal(int sig, sighandler_t handler) noexcept {
+  HookScope h;
+  bool intr = rsock::preload::g_sigintr.load() & rsock::preload::sig_bit(sig);
+  return rsock::preload::set_handler(h, sig, handler, intr ? 0 : SA_RESTART, true);
+}
+
+// System V semantics, as glibc: one-shot, not masked, interrupting.
 RSOCK_HOOK sighandler_t sysv_signal(int sig, sighandler_t handler) noexcept {
   HookScope h;
-  sighandler_t r = real().sysv_signal(sig, handler);
-  if (r != SIG_ERR) rsock::socket::signal_handler_set_bsd(sig, handler, false);
-  return r;
+  return rsock::preload::set_handler(h, sig, handler, SA_RESETHAND | SA_NODEFER, false);
+}
+
+RSOCK_HOOK int siginterrupt(int sig, int flag) noexcept {
+  HookScope h;
+  struct sigaction sa;
+  if (rsock::preload::install(sig, nullptr, &sa) < 0) return -1;
+  uint64_t bit = rsock::preload::sig_bit(sig);
+  if (flag) {
+    rsock::preload::g_sigintr.fetch_or(bit);
+    sa.sa_flags &= ~SA_RESTART;
+  } else {
+    rsock::preload::g_sigintr.fetch_and(~bit);
+    sa.sa_flags |= SA_RESTART;
+  }
+  return h.pass(rsock::preload::install(sig, &sa, nullptr));
 }

@@ -100,7 +100,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     if (st) active.push_back(st);
 
   Deadline dl(timeout);
-  SignalHold hold;
+  SignalWatch signals;
   std::vector<pollfd> kfds;
   std::vector<nfds_t> kidx;
   auto scan = [&](bool full) -> int {
@@ -135,6 +135,8 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     if (ready || dl.zero()) return ready;
     if (spin(active, [&] { return (ready = scan(false)) > 0; })) return ready;
     // Sleep on the kernel fds plus each stream's own fds.
+    SignalWatch::Sleep sleep(mask);
+    if (signals.check()) return Err(EINTR);  // poll is never restarted
     std::vector<pollfd> wait(kfds);
     for (nfds_t i = 0; i < n; i++) {
       if (!streams[i]) continue;
@@ -144,8 +146,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
       streams[i]->sleep_begin();
     }
     timespec buf;
-    const sigset_t* sleep_mask = hold.engage(mask);
-    int r = sys::libc.ppoll(wait.data(), wait.size(), dl.left(&buf), sleep_mask);
+    int r = sys::libc.ppoll(wait.data(), wait.size(), dl.left(&buf), sleep.mask());
     int err = errno;
     for (nfds_t i = 0; i < n; i++)
       if (streams[i]) streams[i]->sleep_end();
@@ -651,7 +652,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     if (set->regs.empty()) return Err(kRedoPlain);
   }
   Deadline dl(timeout);
-  SignalHold hold;
+  SignalWatch signals;
   std::vector<Stream*> streams;
   for (;;) {
     int n;
@@ -664,10 +665,13 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       // Kernel-held registrations, without sleeping if we already have some.
       timespec zero{}, buf;
       const timespec* t = n ? &zero : (streams.empty() ? dl.left(&buf) : &zero);
-      int k = sys::libc.epoll_pwait2(epfd, ev + n, max - n, t, hold.sleep_mask(mask));
+      bool sleeps = t != &zero;
+      SignalWatch::Sleep sleep(mask, sleeps);
+      if (sleeps && signals.check()) return Err(EINTR);
+      int k = sys::libc.epoll_pwait2(epfd, ev + n, max - n, t, sleep.mask());
       if (k < 0 && errno == ENOSYS) {
         int ms = t ? int(t->tv_sec * 1000 + t->tv_nsec / 1000000) : -1;
-        k = sys::libc.epoll_pwait(epfd, ev + n, max - n, ms, hold.sleep_mask(mask));
+        k = sys::libc.epoll_pwait(epfd, ev + n, max - n, ms, sleep.mask());
       }
       if (k < 0) {
         if (n) return n;
@@ -690,7 +694,9 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       std::lock_guard lk(set->mu);
       shadow = set->shadow;
     }
-    const sigset_t* sleep_mask = hold.engage(mask);
+    SignalWatch::Sleep sleep(mask);
+    if (signals.check()) return Err(EINTR);
+    const sigset_t* sleep_mask = sleep.mask();
     for (Stream* st : streams) st->sleep_begin();
     timespec buf;
     const timespec* t = dl.left(&buf);

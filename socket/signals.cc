@@ -1,10 +1,8 @@
 #include "socket/signals.h"
 
-#include <sys/signalfd.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 
 #include "util/sys.h"
 
@@ -12,16 +10,26 @@ namespace rsock::socket {
 
 namespace {
 
-// Bit (sig - 1): a handler is installed for sig and has SA_RESTART.
-std::atomic<uint64_t> g_restart_bits{0};
-// Bit (sig - 1): a handler is installed for sig.
+// Bit (sig - 1): the application has a handler for sig. These are the
+// signals a Sleep blocks until the sleep starts.
 std::atomic<uint64_t> g_caught_bits{0};
 
-void record(int sig, bool caught, bool restart) {
+// The application's own handler behind the trampoline, per signal. Written
+// before the trampoline is installed, so a delivery never finds it empty.
+struct UserHandler {
+  std::atomic<uintptr_t> fn{0};
+  std::atomic<int> flags{0};
+};
+UserHandler g_user[65];
+
+// Handler runs on this thread, by kind. initial-exec: the trampoline reads
+// them in signal context, where a lazily allocated TLS block is not safe.
+thread_local std::atomic<uint32_t> t_intr_runs __attribute__((tls_model("initial-exec"))){0};
+thread_local std::atomic<uint32_t> t_restart_runs __attribute__((tls_model("initial-exec"))){0};
+
+void set_caught(int sig, bool caught) {
   if (sig < 1 || sig > 64) return;
   uint64_t bit = uint64_t{1} << (sig - 1);
-  if (caught && restart) g_restart_bits.fetch_or(bit, std::memory_order_acq_rel);
-  else g_restart_bits.fetch_and(~bit, std::memory_order_acq_rel);
   if (caught) g_caught_bits.fetch_or(bit, std::memory_order_acq_rel);
   else g_caught_bits.fetch_and(~bit, std::memory_order_acq_rel);
 }
@@ -31,83 +39,114 @@ bool is_caught(const struct sigaction& sa) {
   return sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
 }
 
-// A signalfd per thread for the current restart set: readable while one of
-// those signals is pending, so the sleep below can end for it.
-struct ThreadSignalFd {
-  int fd = -1;
-  uint64_t bits = 0;
-  ~ThreadSignalFd() {
-    if (fd >= 0) sys::libc.close(fd);
-  }
-};
-thread_local ThreadSignalFd t_sfd;
+void trampoline(int sig, siginfo_t* info, void* ctx) {
+  uintptr_t fn = g_user[sig].fn.load(std::memory_order_acquire);
+  int flags = g_user[sig].flags.load(std::memory_order_acquire);
+  (flags & SA_RESTART ? t_restart_runs : t_intr_runs).fetch_add(1, std::memory_order_relaxed);
+  if (flags & SA_RESETHAND) set_caught(sig, false);  // the kernel reset it to SIG_DFL
+  if (flags & SA_SIGINFO)
+    reinterpret_cast<void (*)(int, siginfo_t*, void*)>(fn)(sig, info, ctx);
+  else if (fn != uintptr_t(SIG_DFL) && fn != uintptr_t(SIG_IGN))  // only in a racing install
+    reinterpret_cast<void (*)(int)>(fn)(sig);
+}
+
+bool is_trampoline(const struct sigaction& sa) {
+  return (sa.sa_flags & SA_SIGINFO) && sa.sa_sigaction == trampoline;
+}
+
+sigset_t caught_set() {
+  uint64_t bits = g_caught_bits.load(std::memory_order_acquire);
+  sigset_t s;
+  sigemptyset(&s);
+  for (int sig = 1; sig <= 64; sig++)
+    if (bits & (uint64_t{1} << (sig - 1))) sigaddset(&s, sig);
+  return s;
+}
 
 }  // namespace
 
 void signals_scan() {
   for (int sig = 1; sig < NSIG && sig <= 64; sig++) {
     struct sigaction sa {};
-    if (sys::libc.sigaction(sig, nullptr, &sa) == 0) record(sig, is_caught(sa), sa.sa_flags & SA_RESTART);
+    if (sys::libc.sigaction(sig, nullptr, &sa) == 0) set_caught(sig, is_caught(sa));
   }
 }
 
-void signal_handler_set(int sig, const struct sigaction& sa) {
-  record(sig, is_caught(sa), sa.sa_flags & SA_RESTART);
+int signal_action(int sig, const struct sigaction* act, struct sigaction* old) {
+  bool valid = sig >= 1 && sig <= 64;
+  UserHandler& u = g_user[valid ? sig : 0];
+  uintptr_t prev_fn = u.fn.load(std::memory_order_acquire);
+  int prev_flags = u.flags.load(std::memory_order_acquire);
+  struct sigaction wrapped;
+  const struct sigaction* give = act;
+  bool wrap = act && valid && sig != SIGKILL && sig != SIGSTOP && is_caught(*act);
+  if (wrap) {
+    wrapped = *act;
+    wrapped.sa_flags |= SA_SIGINFO;
+    wrapped.sa_sigaction = trampoline;
+    u.fn.store(act->sa_flags & SA_SIGINFO ? uintptr_t(act->sa_sigaction) : uintptr_t(act->sa_handler),
+               std::memory_order_release);
+    u.flags.store(act->sa_flags, std::memory_order_release);
+    give = &wrapped;
+  }
+  struct sigaction kold;
+  int r = sys::libc.sigaction(sig, give, &kold);
+  if (r != 0) {
+    if (wrap) {
+      u.fn.store(prev_fn, std::memory_order_release);
+      u.flags.store(prev_flags, std::memory_order_release);
+    }
+    return r;
+  }
+  if (old) {
+    *old = kold;
+    if (is_trampoline(kold)) {  // show the application's handler, not ours
+      old->sa_flags = (kold.sa_flags & ~SA_SIGINFO) | (prev_flags & SA_SIGINFO);
+      if (prev_flags & SA_SIGINFO)
+        old->sa_sigaction = reinterpret_cast<void (*)(int, siginfo_t*, void*)>(prev_fn);
+      else
+        old->sa_handler = reinterpret_cast<sighandler_t>(prev_fn);
+    }
+  }
+  if (act) set_caught(sig, is_caught(*act));
+  return 0;
 }
 
-void signal_handler_set_bsd(int sig, sighandler_t h, bool restart) {
-  record(sig, h != SIG_DFL && h != SIG_IGN && h != SIG_ERR, restart);
+SignalWatch::SignalWatch()
+    : intr_(t_intr_runs.load(std::memory_order_relaxed)),
+      restart_(t_restart_runs.load(std::memory_order_relaxed)) {}
+
+int SignalWatch::check() {
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  if (t_intr_runs.load(std::memory_order_relaxed) != intr_) return EINTR;
+  uint32_t r = t_restart_runs.load(std::memory_order_relaxed);
+  if (r == restart_) return 0;
+  restart_ = r;
+  return kRestarted;
 }
 
-// How: the restart signals are blocked during the sleep (ppoll's mask) and
-// watched through a signalfd instead. A non-restart signal interrupts ppoll
-// with EINTR, as it would the kernel's blocking call. A restart signal makes
-// the signalfd readable; ppoll returns, restores the mask, and the handler
-// runs on the way out: we report "re-check", which is a restart.
-int restartable_poll(pollfd* fds, nfds_t n, int timeout_ms) {
-  uint64_t bits = g_restart_bits.load(std::memory_order_acquire);
-  if (!bits) {
-    int r = sys::libc.poll(fds, n, timeout_ms);
-    return r < 0 && errno == EINTR ? EINTR : 0;
-  }
-  sigset_t restart;
-  sigemptyset(&restart);
-  for (int sig = 1; sig <= 64; sig++)
-    if (bits & (uint64_t{1} << (sig - 1))) sigaddset(&restart, sig);
-  if (t_sfd.bits != bits || t_sfd.fd < 0) {
-    t_sfd.fd = signalfd(t_sfd.fd, &restart, SFD_NONBLOCK | SFD_CLOEXEC);
-    t_sfd.bits = t_sfd.fd >= 0 ? bits : 0;
-  }
-  sigset_t mask;
-  pthread_sigmask(SIG_BLOCK, nullptr, &mask);
-  sigorset(&mask, &mask, &restart);
-  pollfd all[8];
-  nfds_t k = 0;
-  for (; k < n && k < 7; k++) all[k] = fds[k];
-  if (t_sfd.fd >= 0) all[k++] = {t_sfd.fd, POLLIN, 0};
+SignalWatch::Sleep::Sleep(const sigset_t* caller_mask, bool sleeps) : mask_(caller_mask) {
+  if (!sleeps || !g_caught_bits.load(std::memory_order_acquire)) return;
+  sigset_t caught = caught_set();
+  if (pthread_sigmask(SIG_BLOCK, &caught, &orig_) != 0) return;
+  blocked_ = true;
+  if (!mask_) mask_ = &orig_;
+}
+
+SignalWatch::Sleep::~Sleep() {
+  // A signal that arrived after the sleep ended runs its handler here; the
+  // caller's next check() sees it.
+  if (blocked_) pthread_sigmask(SIG_SETMASK, &orig_, nullptr);
+}
+
+int restartable_poll(pollfd* fds, nfds_t n, int timeout_ms, SignalWatch& watch) {
+  SignalWatch::Sleep sleep(nullptr);
+  if (int s = watch.check()) return s;
   timespec ts{timeout_ms / 1000, long(timeout_ms % 1000) * 1000000};
-  int r = sys::libc.ppoll(all, k, timeout_ms < 0 ? nullptr : &ts, &mask);
-  if (r < 0) return errno == EINTR ? EINTR : 0;
-  for (nfds_t i = 0; i < n && i < 7; i++) fds[i].revents = all[i].revents;
-  return t_sfd.fd >= 0 && (all[k - 1].revents & POLLIN) ? kRestarted : 0;
-}
-
-const sigset_t* SignalHold::engage(const sigset_t* caller_mask) {
-  if (!engaged_) {
-    uint64_t bits = g_caught_bits.load(std::memory_order_acquire);
-    sigset_t caught;
-    sigemptyset(&caught);
-    for (int sig = 1; sig <= 64; sig++)
-      if (bits & (uint64_t{1} << (sig - 1))) sigaddset(&caught, sig);
-    // SIGKILL/SIGSTOP are never caught; the rest stay pending until ppoll.
-    if (pthread_sigmask(SIG_BLOCK, &caught, &orig_) != 0) return caller_mask;
-    engaged_ = true;
-  }
-  return caller_mask ? caller_mask : &orig_;
-}
-
-SignalHold::~SignalHold() {
-  if (engaged_) pthread_sigmask(SIG_SETMASK, &orig_, nullptr);
+  int r = sys::libc.ppoll(fds, n, timeout_ms < 0 ? nullptr : &ts, sleep.mask());
+  if (r >= 0 || errno != EINTR) return 0;
+  int s = watch.check();
+  return s ? s : EINTR;  // a handler we did not install (before librsock loaded)
 }
 
 }  // namespace rsock::socket

@@ -1,49 +1,79 @@
-// Which signal handlers ask for SA_RESTART, so that a blocking socket call
-// librsock emulates (an upgraded socket's recv/send/accept) is restarted or
-// interrupted exactly as the kernel's would be (signal(7)).
+// Signal handlers versus the blocking calls librsock emulates (an upgraded
+// socket's recv/send, poll/select/epoll_wait over upgraded sockets): they
+// must return EINTR, or restart (SA_RESTART), exactly where the kernel's
+// would (signal(7)).
 //
-// preload/ reports every sigaction()/signal() of the application here;
-// the state before librsock was loaded is read once at startup.
+// The kernel checks for a signal inside the call, so one that arrives at any
+// moment of it interrupts it. An emulated call spends part of its time in
+// user space between sleeps; a handler that runs there would go unnoticed,
+// and the call would sleep on. So preload/ installs every handler of the
+// application through signal_action(), which puts a trampoline in front of
+// it: the trampoline counts, per thread, how many handlers ran (with and
+// without SA_RESTART) before calling the application's handler unchanged.
+// An emulated call snapshots the counts (SignalWatch) and compares them
+// before and after every sleep. sigaction() queries still return the
+// application's own handler and flags.
+//
+// Why not simply block the signals for the whole call: a process-directed
+// signal (alarm(), kill) goes to a thread that does not block it, so it
+// would run on some other thread and the call would never see it. Signals
+// are blocked only from the last check to the sleep's entry (ppoll's mask
+// unblocks them), a window of a few instructions.
 #pragma once
 
 #include <poll.h>
 #include <signal.h>
 
+#include <cstdint>
+
 namespace rsock::socket {
 
-void signals_scan();                                  // at startup
-void signal_handler_set(int sig, const struct sigaction& sa);
-void signal_handler_set_bsd(int sig, sighandler_t h, bool restart);
+void signals_scan();  // at startup: which signals have handlers already
+
+// sigaction() for the application (same contract): handlers go in through the
+// trampoline, queries come back as the application set them.
+int signal_action(int sig, const struct sigaction* act, struct sigaction* old);
+
+inline constexpr int kRestarted = -1;
+
+// What signal handlers ran on this thread since construction.
+class SignalWatch {
+ public:
+  SignalWatch();
+  // EINTR if a handler without SA_RESTART ran since construction;
+  // kRestarted if only SA_RESTART ones ran since the last call that said
+  // so; else 0.
+  int check();
+
+  // Surrounds one sleep: blocks the caught signals so that one arriving
+  // after the caller's check() stays pending until the sleep starts (which
+  // then ends at once, with EINTR), and restores the mask when destroyed.
+  class Sleep {
+   public:
+    // `sleeps` false: a zero-timeout call, which needs nothing blocked.
+    explicit Sleep(const sigset_t* caller_mask, bool sleeps = true);
+    ~Sleep();
+    Sleep(const Sleep&) = delete;
+    Sleep& operator=(const Sleep&) = delete;
+    // The mask to sleep with: the caller's (ppoll/pselect/epoll_pwait's
+    // argument) or the thread's own; null when nothing was blocked.
+    const sigset_t* mask() const { return mask_; }
+
+   private:
+    bool blocked_ = false;
+    sigset_t orig_;
+    const sigset_t* mask_;
+  };
+
+ private:
+  uint32_t intr_;
+  uint32_t restart_;
+};
 
 // poll() for a blocking socket call: returns 0 when the caller should
 // re-check (an fd is ready or the timeout passed), kRestarted when a handler
 // with SA_RESTART ran (restart, unless the socket has a timeout), EINTR when
 // a handler without SA_RESTART ran.
-inline constexpr int kRestarted = -1;
-int restartable_poll(pollfd* fds, nfds_t n, int timeout_ms);
-
-// For an emulated poll/select/epoll_wait that is about to sleep: blocks the
-// caught signals until the call returns, so that one arriving while the
-// emulation runs user-space code between sleeps stays pending and ends the
-// next sleep with EINTR (its handler runs inside ppoll), as the kernel's
-// in-call signal check would, instead of being handled unnoticed while the
-// call goes on sleeping. engage() returns the mask to sleep with: the
-// caller's (ppoll/pselect/epoll_pwait) or the thread's original one.
-class SignalHold {
- public:
-  SignalHold() = default;
-  SignalHold(const SignalHold&) = delete;
-  SignalHold& operator=(const SignalHold&) = delete;
-  ~SignalHold();
-  const sigset_t* engage(const sigset_t* caller_mask);
-  // The mask any sleep must use: engage()'s once engaged, else the caller's.
-  const sigset_t* sleep_mask(const sigset_t* caller_mask) {
-    return engaged_ ? engage(caller_mask) : caller_mask;
-  }
-
- private:
-  bool engaged_ = false;
-  sigset_t orig_;
-};
+int restartable_poll(pollfd* fds, nfds_t n, int timeout_ms, SignalWatch& watch);
 
 }  // namespace rsock::socket

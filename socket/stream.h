@@ -30,6 +30,8 @@
 
 namespace rsock::socket {
 
+class SignalWatch;
+
 class Socket;
 
 enum class Phase : uint8_t {
@@ -68,8 +70,9 @@ class Stream {
   // The fds a waiter for `interest` must sleep on; returns how many (<= 3).
   int wait_fds(short interest, pollfd* out);
   // Sleeps until poll_events(interest) may have changed, or timeout.
-  // Returns 0, or EINTR / kRestarted when a signal handler ran (signals.h).
-  int wait(short interest, int timeout_ms);
+  // Returns 0, or EINTR / kRestarted when a signal handler ran since
+  // `signals` was taken (signals.h).
+  int wait(short interest, int timeout_ms, SignalWatch& signals);
 
   // --- lifecycle (stream.cc), called by rendezvous/progress code.
   // Drives everything that can be done now. Locks mu_ (try_lock if !block).

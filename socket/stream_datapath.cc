@@ -166,6 +166,7 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
   const size_t want = iov_total(iov);
   if (want == 0) return size_t{0};
   const bool waitall = (flags & MSG_WAITALL) && !(flags & MSG_PEEK) && !nonblock;
+  SignalWatch signals;  // a handler from now on interrupts or restarts the call
   int timeout = -2;  // read lazily: only a call that has to sleep needs it
   uint64_t deadline = 0;
   size_t got = 0;
@@ -196,13 +197,14 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
       left = int(deadline - now);
     }
     // A socket with a timeout is never restarted (signal(7)).
-    if (int w = wait(POLLIN, left); w == EINTR || (w == kRestarted && timeout >= 0))
+    if (int w = wait(POLLIN, left, signals); w == EINTR || (w == kRestarted && timeout >= 0))
       return got ? Status<size_t>(got) : Err(EINTR);
   }
 }
 
 Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock) {
   const size_t want = iov_total(iov);
+  SignalWatch signals;
   int timeout = -2;
   uint64_t deadline = 0;
   size_t sent = 0;
@@ -234,7 +236,7 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
       if (now >= deadline) return sent ? Status<size_t>(sent) : Err(EAGAIN);
       left = int(deadline - now);
     }
-    if (int w = wait(POLLOUT, left); w == EINTR || (w == kRestarted && timeout >= 0))
+    if (int w = wait(POLLOUT, left, signals); w == EINTR || (w == kRestarted && timeout >= 0))
       return sent ? Status<size_t>(sent) : Err(EINTR);
   }
 }
@@ -329,7 +331,7 @@ int Stream::wait_fds(short interest, pollfd* out) {
   return n;
 }
 
-int Stream::wait(short interest, int timeout_ms) {
+int Stream::wait(short interest, int timeout_ms, SignalWatch& signals) {
   // Busy-poll first on RDMA: a reply usually arrives within microseconds,
   // sooner than a sleep and wakeup would take.
   uint32_t spin_us = process_config().tunables.spin_us;
@@ -357,7 +359,7 @@ int Stream::wait(short interest, int timeout_ms) {
     if (ev < 0 || (ev & (interest | POLLERR | POLLHUP))) return 0;
   }
   sleep_begin();
-  int err = restartable_poll(fds, nfds_t(n), timeout_ms);
+  int err = restartable_poll(fds, nfds_t(n), timeout_ms, signals);
   sleep_end();
   return err;
 }

@@ -15,6 +15,9 @@
 #include <sys/uio.h>
 #include <time.h>
 
+// glibc declares bsd_signal() only for pre-2008 POSIX; programs still call it.
+extern "C" sighandler_t bsd_signal(int sig, sighandler_t handler) noexcept;
+
 // Functions with a fixed parameter list. fcntl/fcntl64/ioctl are variadic and
 // handled by name in preload/hooks_fd.cc.
 #define RSOCK_LIBC_FUNCS(X)                                                                 \
@@ -72,7 +75,9 @@
   X(pid_t, fork, (void), ())                                                                \
   X(int, sigaction, (int s, const struct sigaction* a, struct sigaction* o), (s, a, o))      \
   X(sighandler_t, signal, (int s, sighandler_t h), (s, h))                                  \
+  X(sighandler_t, bsd_signal, (int s, sighandler_t h), (s, h))                              \
   X(sighandler_t, sysv_signal, (int s, sighandler_t h), (s, h))                             \
+  X(int, siginterrupt, (int s, int f), (s, f))                                              \
   X(ssize_t, __read_chk, (int fd, void* b, size_t n, size_t bl), (fd, b, n, bl))           \
   X(ssize_t, __recv_chk, (int fd, void* b, size_t n, size_t bl, int f), (fd, b, n, bl, f))  \
   X(ssize_t, __recvfrom_chk,                                                                \

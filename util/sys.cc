@@ -17,6 +17,8 @@ namespace rsock::sys {
 
 // Constant-initialised: valid before any constructor runs. In librsock.so
 // preload/ overwrites every entry with the next definition (libc's).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // siginterrupt: we hook it
 Libc libc = {
 #define RSOCK_X(ret, name, params, args) &::name,
     RSOCK_LIBC_FUNCS(RSOCK_X)
@@ -25,5 +27,6 @@ Libc libc = {
     RSOCK_LIBC_VARIADIC(RSOCK_XV)
 #undef RSOCK_XV
 };
+#pragma GCC diagnostic pop
 
 }  // namespace rsock::sys

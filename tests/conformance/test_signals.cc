@@ -14,6 +14,9 @@
 
 #include "helpers.h"
 
+// siginterrupt() is obsolete, but programs call it and librsock hooks it.
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
 using namespace conf;
 
 namespace {
@@ -205,4 +208,162 @@ TEST_CASE("signals: alarm() interrupts a blocking read (process-directed signal)
   CHECK(e == EINTR);
   CHECK(g_hits > before);
   CHECK(took >= 500);
+}
+
+namespace {
+
+std::atomic<int> g_info_value{0};
+std::atomic<int> g_info_code{0};
+std::atomic<bool> g_info_ctx{false};
+void on_info(int, siginfo_t* info, void* ctx) {
+  g_info_value = info->si_value.sival_int;
+  g_info_code = info->si_code;
+  g_info_ctx = ctx != nullptr;
+}
+
+// Restores one signal's disposition at scope exit.
+class SavedAction {
+ public:
+  explicit SavedAction(int sig) : sig_(sig) { sigaction(sig, nullptr, &old_); }
+  ~SavedAction() { sigaction(sig_, &old_, nullptr); }
+
+ private:
+  int sig_;
+  struct sigaction old_{};
+};
+
+}  // namespace
+
+TEST_CASE("signals: sigaction reports the handler, flags and mask the program installed") {
+  SavedAction saved(SIGUSR2);
+  struct sigaction sa{}, got{}, prev{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaddset(&sa.sa_mask, SIGUSR1);
+  sa.sa_flags = SA_RESTART | SA_NODEFER;
+  REQUIRE(sigaction(SIGUSR2, &sa, nullptr) == 0);
+  REQUIRE(sigaction(SIGUSR2, nullptr, &got) == 0);
+  CHECK(bool(got.sa_handler == on_signal));
+  CHECK((got.sa_flags & (SA_RESTART | SA_NODEFER | SA_SIGINFO | SA_RESETHAND)) == (SA_RESTART | SA_NODEFER));
+  CHECK(sigismember(&got.sa_mask, SIGUSR1) == 1);
+  CHECK(sigismember(&got.sa_mask, SIGTERM) == 0);
+
+  struct sigaction si{};
+  si.sa_sigaction = on_info;
+  sigemptyset(&si.sa_mask);
+  si.sa_flags = SA_SIGINFO;
+  REQUIRE(sigaction(SIGUSR2, &si, &prev) == 0);
+  CHECK(bool(prev.sa_handler == on_signal));  // the old one, as installed
+  CHECK((prev.sa_flags & SA_SIGINFO) == 0);
+  REQUIRE(sigaction(SIGUSR2, nullptr, &got) == 0);
+  CHECK(bool(got.sa_sigaction == on_info));
+  CHECK((got.sa_flags & SA_SIGINFO) != 0);
+
+  // Back to the default: queries say so.
+  struct sigaction dfl{};
+  dfl.sa_handler = SIG_DFL;
+  REQUIRE(sigaction(SIGUSR2, &dfl, &prev) == 0);
+  CHECK(bool(prev.sa_sigaction == on_info));
+  REQUIRE(sigaction(SIGUSR2, nullptr, &got) == 0);
+  CHECK(bool(got.sa_handler == SIG_DFL));
+}
+
+TEST_CASE("signals: an SA_SIGINFO handler gets the sender's siginfo and a context") {
+  SavedAction saved(SIGUSR2);
+  struct sigaction si{};
+  si.sa_sigaction = on_info;
+  sigemptyset(&si.sa_mask);
+  si.sa_flags = SA_SIGINFO;
+  REQUIRE(sigaction(SIGUSR2, &si, nullptr) == 0);
+  g_info_value = 0;
+  sigval v{};
+  v.sival_int = 4242;
+  REQUIRE(pthread_sigqueue(pthread_self(), SIGUSR2, v) == 0);
+  for (int i = 0; i < 100 && g_info_value == 0; i++) usleep(1000);
+  CHECK(g_info_value == 4242);
+  CHECK(g_info_code == SI_QUEUE);
+  CHECK(g_info_ctx);
+}
+
+TEST_CASE("signals: SA_RESETHAND runs the handler once, then the default is back") {
+  SavedAction saved(SIGUSR2);
+  struct sigaction sa{}, got{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  REQUIRE(sigaction(SIGUSR2, &sa, nullptr) == 0);
+  int before = g_hits;
+  REQUIRE(pthread_kill(pthread_self(), SIGUSR2) == 0);
+  CHECK(g_hits == before + 1);
+  REQUIRE(sigaction(SIGUSR2, nullptr, &got) == 0);
+  CHECK(bool(got.sa_handler == SIG_DFL));
+}
+
+TEST_CASE("signals: signal(), sysv_signal() and siginterrupt() set glibc's flags") {
+  SavedAction saved(SIGUSR2);
+  struct sigaction got{};
+  signal(SIGUSR2, SIG_DFL);
+  CHECK(bool(signal(SIGUSR2, on_signal) == SIG_DFL));
+  REQUIRE(sigaction(SIGUSR2, nullptr, &got) == 0);
+  CHECK(bool(got.sa_handler == on_signal));
+  CHECK((got.sa_flags & SA_RESTART) != 0);
+  CHECK(sigismember(&got.sa_mask, SIGUSR2) == 1);
+
+  REQUIRE(siginterrupt(SIGUSR2, 1) == 0);
+  REQUIRE(sigaction(SIGUSR2, nullptr, &got) == 0);
+  CHECK(bool(got.sa_handler == on_signal));
+  CHECK((got.sa_flags & SA_RESTART) == 0);
+  CHECK(bool(signal(SIGUSR2, on_signal) == on_signal));  // stays interrupting
+  REQUIRE(sigaction(SIGUSR2, nullptr, &got) == 0);
+  CHECK((got.sa_flags & SA_RESTART) == 0);
+  REQUIRE(siginterrupt(SIGUSR2, 0) == 0);
+
+  CHECK(bool(sysv_signal(SIGUSR2, on_signal) == on_signal));
+  REQUIRE(sigaction(SIGUSR2, nullptr, &got) == 0);
+  CHECK(bool(got.sa_handler == on_signal));
+  CHECK((got.sa_flags & (SA_RESETHAND | SA_NODEFER | SA_RESTART)) == (SA_RESETHAND | SA_NODEFER));
+
+  errno = 0;
+  CHECK(bool(signal(SIGKILL, on_signal) == SIG_ERR));
+  CHECK(errno == EINVAL);
+}
+
+TEST_CASE("signals: a signal during a MSG_WAITALL read that is receiving data ends it early") {
+  // The peer trickles a byte per millisecond, so the read keeps waking up
+  // and going back to sleep. A handler without SA_RESTART that runs at any
+  // moment of the call must end it with what it has (signal(7)), also when
+  // it runs while the call is between two sleeps. Five rounds, because the
+  // signal only sometimes lands between two sleeps.
+  ScopedHandler h(SIGUSR1, false);
+  Pair p = connected_pair();
+  constexpr int kBytes = 3000;
+  static char b[kBytes];
+  pthread_t self = pthread_self();
+  for (int round = 0; round < 5; round++) {
+    CAPTURE(round);
+    std::atomic<bool> stop{false};
+    std::thread writer([&] {
+      for (int i = 0; i < kBytes && !stop; i++) {
+        (void)!write(p.client, "x", 1);
+        usleep(1000);
+      }
+    });
+    std::thread kick([&] {
+      usleep(300000);
+      pthread_kill(self, SIGUSR1);
+    });
+    int64_t t0 = now_ms();
+    ssize_t r = recv(p.server, b, kBytes, MSG_WAITALL);
+    int64_t took = now_ms() - t0;
+    stop = true;
+    kick.join();
+    writer.join();
+    CHECK(r > 0);
+    CHECK(r < kBytes);
+    CHECK(took < 2500);
+    // What the writer sent after the read ended: drained for the next round.
+    usleep(50000);
+    while (recv(p.server, b, kBytes, MSG_DONTWAIT) > 0) {
+    }
+  }
 }
