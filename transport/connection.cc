@@ -116,11 +116,12 @@ Status<void> Connection::create_resources() {
   rbuf_mr_ = ibv_reg_mr(pd_, rbufs_, rbuf_map_bytes_, IBV_ACCESS_LOCAL_WRITE);
   if (!rx_mr_ || !tx_mr_ || !rbuf_mr_) return Err(errno ? errno : ENOMEM);
 
+  sig_cover_.assign(sq_depth_, 0);
   ibv_qp_init_attr qa{};
   qa.send_cq = cq_;
   qa.recv_cq = cq_;
   qa.qp_type = IBV_QPT_RC;
-  qa.sq_sig_all = 1;
+  qa.sq_sig_all = 0;  // selective signalling (signal_next)
   qa.cap.max_send_wr = sq_depth_;
   qa.cap.max_recv_wr = recv_slots_;
   qa.cap.max_send_sge = 1;
@@ -254,7 +255,7 @@ void Connection::on_established(const void* pdata, size_t len) {
   }
   state_ = State::kEstablished;
   deadline_ns_ = 0;
-  last_tx_ns_ = now_ns();
+  last_tx_ns_ = coarse_now_ns();
   flush_pending();
 }
 
@@ -324,11 +325,13 @@ Status<void> Connection::progress() {
     timer_armed_ns_ = 0;
   }
   if (cq_ != nullptr) {
-    // The completion channel: take its events so fd() goes quiet; the CQ is
-    // re-armed below before anyone can sleep on it.
+    // The completion channel: take its event so fd() goes quiet; the CQ is
+    // re-armed below before anyone can sleep on it. One read: an armed CQ
+    // raises one event (a second one, if any, leaves the fd readable and is
+    // taken next time), and a read that finds nothing is a wasted syscall.
     ibv_cq* ecq;
     void* ectx;
-    while (comp_ready && ibv_get_cq_event(comp_ch_, &ecq, &ectx) == 0) {
+    if (comp_ready && ibv_get_cq_event(comp_ch_, &ecq, &ectx) == 0) {
       ibv_ack_cq_events(ecq, 1);
       cq_armed_ = false;
       ++ctr_.cq_events;
@@ -359,7 +362,9 @@ Status<void> Connection::progress() {
       flush_pending();
     }
   }
-  check_timers(now_ns());
+  // The coarse clock unless the timer fired: it may lag the deadline the
+  // timer was set for, and the timer would then fire again at once.
+  check_timers(timer_ready ? now_ns() : coarse_now_ns());
   update_timer();
   if (state_ == State::kError) return Err(err_);
   return Ok();
@@ -377,7 +382,7 @@ void Connection::check_timers(uint64_t now) {
     }
   }
   if (state_ == State::kEstablished && tun_.keepalive_ms != 0 &&
-      now - last_tx_ns_ >= uint64_t{tun_.keepalive_ms} * 1000000 && sq_outstanding_ == 0) {
+      now - last_tx_ns_ >= uint64_t{tun_.keepalive_ms} * 1000000 && sig_count_ == 0) {
     post_keepalive();
   }
 }

@@ -23,6 +23,7 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "config/tunables.h"
 #include "transport/ring.h"
@@ -173,6 +174,11 @@ class Connection {
   bool post_keepalive();
   void flush_pending();           // FIN/CLOSE/credit that waited for room
   uint32_t sq_free() const { return sq_depth_ - sq_outstanding_; }
+  // Selective signalling: whether the next send WR asks for a completion,
+  // and the bookkeeping after posting one and on a send completion.
+  bool signal_next(bool force) const;
+  void on_posted(bool signaled);
+  void on_send_completion();
   bool wait_done(short events) const;
 
   config::Tunables tun_;
@@ -203,8 +209,17 @@ class Connection {
   uint32_t sq_depth_ = 0;
   uint32_t recv_slots_ = 0;
   uint32_t max_inline_ = 0;
-  uint32_t sq_outstanding_ = 0;
+  uint32_t sq_outstanding_ = 0;  // posted send WRs not known complete
   uint64_t sq_seq_ = 0;
+  // Most send WRs are posted unsignalled: a signalled one's completion
+  // retires it and every WR posted before it (an SQ completes in order), so
+  // a request/response exchange costs no completion event for the sends.
+  // sig_cover_ is a FIFO (capacity sq_depth_) of how many WRs each
+  // outstanding signalled WR retires; unsig_run_ counts the unsignalled WRs
+  // since the last signalled one.
+  std::vector<uint32_t> sig_cover_;
+  uint32_t sig_head_ = 0, sig_count_ = 0;
+  uint32_t unsig_run_ = 0;
 
   TxWindow tx_;
   RxWindow rx_;

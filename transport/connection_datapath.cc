@@ -64,7 +64,7 @@ bool Connection::post_recv(uint32_t slot) {
 // CREDIT and CONTROL messages are SEND_WITH_IMM from the per-SQ-slot buffer
 // after the send ring (inline when the device allows, which rxe does).
 static bool post_small_send(ibv_qp* qp, ibv_mr* mr, std::byte* buf, const void* data, size_t len,
-                            uint32_t imm, uint64_t wr_id, bool may_inline) {
+                            uint32_t imm, uint64_t wr_id, bool may_inline, bool signaled) {
   std::memcpy(buf, data, len);
   ibv_sge sge{reinterpret_cast<uintptr_t>(buf), static_cast<uint32_t>(len), mr->lkey};
   ibv_send_wr wr{};
@@ -73,26 +73,59 @@ static bool post_small_send(ibv_qp* qp, ibv_mr* mr, std::byte* buf, const void* 
   wr.imm_data = htonl(imm);
   wr.sg_list = len ? &sge : nullptr;
   wr.num_sge = len ? 1 : 0;
-  wr.send_flags = IBV_SEND_SIGNALED | (may_inline ? IBV_SEND_INLINE : 0);
+  wr.send_flags = (signaled ? IBV_SEND_SIGNALED : 0) | (may_inline ? IBV_SEND_INLINE : 0);
   ibv_send_wr* bad;
   return ibv_post_send(qp, &wr, &bad) == 0;
+}
+
+// Signalled: every kSignalEvery-th WR; every WR once the send ring is half
+// full or the SQ nearly so (a sender that runs out of either must have a
+// completion coming that frees it); and whatever the caller forces (CLOSE,
+// keepalive: they need to know when all is done).
+constexpr uint32_t kSignalEvery = 16;
+
+bool Connection::signal_next(bool force) const {
+  return force || unsig_run_ + 1 >= kSignalEvery || sring_.free_bytes() < ring_bytes_ / 2 ||
+         sq_free() <= kSignalEvery + 2;
+}
+
+void Connection::on_posted(bool signaled) {
+  ++sq_outstanding_;
+  ++sq_seq_;
+  if (!signaled) {
+    ++unsig_run_;
+    return;
+  }
+  sig_cover_[(sig_head_ + sig_count_) % sq_depth_] = unsig_run_ + 1;
+  ++sig_count_;
+  unsig_run_ = 0;
+}
+
+void Connection::on_send_completion() {
+  uint32_t cover = 1;
+  if (sig_count_ > 0) {
+    cover = sig_cover_[sig_head_];
+    sig_head_ = (sig_head_ + 1) % sq_depth_;
+    --sig_count_;
+  }
+  sq_outstanding_ -= std::min(cover, sq_outstanding_);
 }
 
 bool Connection::post_credit() {
   if (sq_free() < 1 || !tx_.credit_allowed(rx_.slots_owed())) return false;
   wire::CreditBlock cb{rx_.tail_to_advertise(), static_cast<uint32_t>(rx_.slots_to_advertise()), 0};
   std::byte* buf = tx_mem_ + ring_bytes_ + (sq_seq_ % sq_depth_) * wire::kRecvBufBytes;
+  bool sig = signal_next(false);
   if (!post_small_send(id_->qp, tx_mr_, buf, &cb, sizeof cb, wire::make_imm(wire::Op::kCredit, 0),
-                       sring_.head(), max_inline_ >= sizeof cb)) {
+                       sring_.head(), max_inline_ >= sizeof cb, sig)) {
     fail(ECONNRESET);
     return false;
   }
   rx_.on_credit_sent(cb.consumed, rx_.slots_to_advertise());
   tx_.on_message();
-  ++sq_outstanding_;
-  ++sq_seq_;
+  on_posted(sig);
   ++ctr_.credits_sent;
-  last_tx_ns_ = now_ns();
+  last_tx_ns_ = coarse_now_ns();
   return true;
 }
 
@@ -102,15 +135,17 @@ bool Connection::post_control(wire::ControlType type, const void* data, size_t l
   if (sq_free() < 2 || tx_.free_slots() < 2) return false;
   std::byte* buf = tx_mem_ + ring_bytes_ + (sq_seq_ % sq_depth_) * wire::kRecvBufBytes;
   uint32_t imm = wire::make_imm(wire::Op::kControl, wire::control_value(type, uint32_t(len)));
-  if (!post_small_send(id_->qp, tx_mr_, buf, data, len, imm, sring_.head(), max_inline_ >= len)) {
+  // FIN and CLOSE are signalled: the close waits for every WR to complete.
+  bool sig = signal_next(type != wire::ControlType::kApp);
+  if (!post_small_send(id_->qp, tx_mr_, buf, data, len, imm, sring_.head(), max_inline_ >= len,
+                       sig)) {
     fail(ECONNRESET);
     return false;
   }
   tx_.on_message();
-  ++sq_outstanding_;
-  ++sq_seq_;
+  on_posted(sig);
   ++ctr_.controls_sent;
-  last_tx_ns_ = now_ns();
+  last_tx_ns_ = coarse_now_ns();
   return true;
 }
 
@@ -129,10 +164,9 @@ bool Connection::post_keepalive() {
     fail(ECONNRESET);
     return false;
   }
-  ++sq_outstanding_;
-  ++sq_seq_;
+  on_posted(true);
   ++ctr_.keepalives;
-  last_tx_ns_ = now_ns();
+  last_tx_ns_ = coarse_now_ns();
   return true;
 }
 
@@ -217,7 +251,7 @@ bool Connection::poll_cq() {
   for (int i = 0; i < n; ++i) {
     const ibv_wc& w = wc[i];
     bool is_recv = (w.wr_id & kRecvTag) != 0;
-    if (!is_recv) --sq_outstanding_;
+    if (!is_recv) on_send_completion();
     if (w.status != IBV_WC_SUCCESS) {
       // Flushes after a disconnect are expected; anything else (retry
       // exceeded = dead peer, RNR = accounting bug, protection errors) resets.
@@ -290,7 +324,7 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
     if (n <= inline_limit) {
       cur.copy(stack, n, false);
       sge = {reinterpret_cast<uintptr_t>(stack), static_cast<uint32_t>(n), 0};
-      wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+      wr.send_flags = IBV_SEND_INLINE;
       ++ctr_.inline_wrs;
     } else {
       n = std::min<uint64_t>(n, sring_.contiguous());
@@ -299,8 +333,9 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
       cur.copy(dst, n, false);
       sring_.produce(n);
       sge = {reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(n), tx_mr_->lkey};
-      wr.send_flags = IBV_SEND_SIGNALED;
     }
+    bool sig = signal_next(false);
+    if (sig) wr.send_flags |= IBV_SEND_SIGNALED;
     wr.wr_id = sring_.head();
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.imm_data = htonl(wire::make_imm(wire::Op::kData, static_cast<uint32_t>(n)));
@@ -314,15 +349,14 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
       break;
     }
     tx_.on_data(n);
-    ++sq_outstanding_;
-    ++sq_seq_;
+    on_posted(sig);
     ++ctr_.data_wrs;
     ctr_.bytes_sent += n;
     total += n;
     left -= n;
   }
   if (total > 0) {
-    last_tx_ns_ = now_ns();
+    last_tx_ns_ = coarse_now_ns();
     return total;
   }
   if (state_ == State::kError) return Err(err_);
