@@ -24,22 +24,33 @@ namespace rsock::socket {
 namespace {
 
 
-// Deadline arithmetic for timeouts given as timespec (null: forever).
+// Deadline arithmetic for timeouts given as timespec (null: forever). The
+// clock is first read when the call is about to sleep: a call that returns
+// without sleeping (most do, under load) reads it not at all (a syscall in
+// VMs without a vDSO clock). The timeout thus counts from the first sleep,
+// microseconds after the call began.
 struct Deadline {
   explicit Deadline(const timespec* t)
-      : forever(!t), end(t ? now_ns() + uint64_t(t->tv_sec) * 1000000000ull + uint64_t(t->tv_nsec) : 0) {}
-  bool expired() const { return !forever && now_ns() >= end; }
+      : forever(!t), span(t ? uint64_t(t->tv_sec) * 1000000000ull + uint64_t(t->tv_nsec) : 0) {}
+  bool expired() const { return !forever && (span == 0 || (end != 0 && now_ns() >= end)); }
   // Remaining time for ppoll/epoll_pwait2 (null when forever).
-  const timespec* left(timespec* buf) const {
+  const timespec* left(timespec* buf) {
     if (forever) return nullptr;
-    uint64_t now = now_ns(), rem = now >= end ? 0 : end - now;
+    uint64_t now = now_ns();
+    if (end == 0) end = now + span;
+    uint64_t rem = now >= end ? 0 : end - now;
     buf->tv_sec = time_t(rem / 1000000000ull);
     buf->tv_nsec = long(rem % 1000000000ull);
     return buf;
   }
-  bool zero() const { return !forever && end <= now_ns(); }
+  bool zero() const { return expired(); }
+  // Starts the clock now (for a remaining time reported back, as select's).
+  void start() {
+    if (!forever && span) end = now_ns() + span;
+  }
   bool forever;
-  uint64_t end;
+  uint64_t span;
+  uint64_t end = 0;  // set by the first left()
 };
 
 bool valid(const timespec* t) {
@@ -171,6 +182,7 @@ Status<int> select_emulated(int nfds, fd_set* r, fd_set* w, fd_set* e, timespec*
   }
   if (!any) return Err(kRedoPlain);
   Deadline dl(timeout);
+  dl.start();
   auto res = poll_emulated(p.data(), p.size(), timeout, mask);
   if (!res) return res;
   for (auto& x : p)
@@ -206,6 +218,10 @@ struct Reg {
   epoll_data_t data;
   bool user = false;     // true: lives here (upgraded); false: in the kernel
   bool disarmed = false; // EPOLLONESHOT fired, waiting for EPOLL_CTL_MOD
+  // Deleted by the application, internal fds still in the shadow: event
+  // loops (redis's ae, libevent) delete and re-add a socket per request, and
+  // a re-ADD of the same socket revives it without a syscall.
+  bool parked = false;
   // Internal fds, in the shadow instance under `id`: the stream's wake and
   // connection fds, and its TCP socket (edge-triggered) while data may still
   // come that way (rendezvous, switch).
@@ -239,6 +255,8 @@ struct EpollSet {
   int shadow = -1;
   int ready_fd = -1;
   bool ready_set = false;
+  bool due_unsignalled = false;  // user events due, ready_fd not set (set_ready)
+  int sleepers = 0;              // threads asleep in an emulated epoll_wait on it
   uint32_t next_id = 1;
   std::atomic<bool> watched{false};  // written under mu; read without it as a hint
 };
@@ -357,8 +375,14 @@ void del_internal(EpollSet* set, int epfd, int fd) {
   if (fd >= 0) sys::libc.epoll_ctl(internal_target(set, epfd), EPOLL_CTL_DEL, fd, nullptr);
 }
 
-// Under set->mu: ready_fd readable iff `due`. Syscalls only on a change.
+// Under set->mu: ready_fd readable iff `due`. Syscalls only on a change,
+// and only while someone can see it: an outer poller (a watched set) or
+// another thread asleep in this set. Otherwise the next epoll_wait finds
+// the events itself; one about to sleep checks due_unsignalled first.
 void set_ready(EpollSet* set, bool due) {
+  bool seen = set->watched || set->sleepers > 0;
+  set->due_unsignalled = due && !seen;
+  if (!seen) due = false;
   if (set->ready_fd < 0 || due == set->ready_set) return;
   uint64_t v = 1;
   if (due) (void)!sys::libc.write(set->ready_fd, &v, sizeof v);
@@ -413,8 +437,36 @@ void drop(EpollSet* set, int epfd, size_t i) {
 
 Reg* find(EpollSet* set, int fd) {
   for (auto& r : set->regs)
-    if (r.fd == fd) return &r;
+    if (r.fd == fd && !r.parked) return &r;
   return nullptr;
+}
+
+Reg* find_parked(EpollSet* set, int fd) {
+  for (auto& r : set->regs)
+    if (r.fd == fd && r.parked) return &r;
+  return nullptr;
+}
+
+constexpr int kMaxParked = 16;  // per set; beyond that a DEL really deletes
+
+// Under set->mu: a new mask (MOD, or ADD of a parked registration): the next
+// collect() evaluates it afresh, as the kernel re-checks on EPOLL_CTL_MOD.
+void rearm(EpollSet* set, int epfd, Reg& r, const epoll_event& ev) {
+  r.events = ev.events;
+  r.data = ev.data;
+  r.disarmed = false;
+  r.last_rx = r.last_tx = ~0ull;
+  r.last_ev = 0;
+  r.dirty = r.dirty_all = true;
+  if (r.tcp_fd >= 0) {  // the edge-triggered TCP watch follows the mask's EPOLLOUT
+    del_internal(set, epfd, r.tcp_fd);
+    r.tcp_fd = -1;
+  }
+  // Only a thread asleep in the set, or an outer poller, must re-check now.
+  if (set->sleepers > 0 || set->watched) {
+    uint64_t one = 1;
+    (void)!sys::libc.write(r.wake_fd, &one, sizeof one);
+  }
 }
 
 short to_poll(uint32_t e) {
@@ -450,6 +502,16 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
     // keeps it alive, even when the registered fd number is gone).
     if (r.sock->names() == 0) {
       drop(set, epfd, i);
+      continue;
+    }
+    if (r.parked) {
+      // Something fired for it, or it fell back: delete it for real.
+      Stream* pst = r.sock->stream();
+      if (r.fired || r.tcp_fired || !pst || !pst->governs()) {
+        drop(set, epfd, i);
+        continue;
+      }
+      i++;
       continue;
     }
     Stream* st = r.sock->stream();
@@ -541,7 +603,7 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
 void refresh(EpollSet* set, bool full) {
   bool due = false;
   for (auto& r : set->regs) {
-    if (!r.user || r.disarmed || r.sock->names() == 0) continue;
+    if (!r.user || r.parked || r.disarmed || r.sock->names() == 0) continue;
     Stream* st = r.sock->stream();
     if (!st || !st->governs()) {
       due = true;  // fell back: the next collect hands it to the kernel; look now
@@ -600,28 +662,34 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
     else r->fd = -1;
     r = nullptr;
   }
+  if (Reg* p = op == EPOLL_CTL_ADD && !r ? find_parked(set, fd) : nullptr) {
+    // The socket it was deleted from comes back: as it was, with the new mask.
+    if (p->sock == s.get() && ev && !(ev->events & EPOLLEXCLUSIVE) && governing_stream(s)) {
+      p->parked = false;
+      rearm(set, epfd, *p, *ev);
+      return 0;
+    }
+    drop(set, epfd, size_t(p - set->regs.data()));
+  }
   if (r && r->user) {
     // The kernel does not hold this registration: emulate its answers.
     if (op == EPOLL_CTL_ADD) return Err(EEXIST);
     if (op == EPOLL_CTL_DEL) {
-      drop(set, epfd, size_t(r - set->regs.data()));
+      int parked = 0;
+      for (auto& o : set->regs) parked += o.parked;
+      if (parked < kMaxParked) {
+        r->parked = true;
+        r->fired = 0;
+        r->tcp_fired = 0;
+      } else {
+        drop(set, epfd, size_t(r - set->regs.data()));
+      }
       return 0;
     }
     if (op == EPOLL_CTL_MOD) {
       if (!ev) return Err(EFAULT);
       if (ev->events & EPOLLEXCLUSIVE) return Err(EINVAL);
-      r->events = ev->events;
-      r->data = ev->data;
-      r->disarmed = false;
-      r->last_rx = r->last_tx = ~0ull;
-      r->last_ev = 0;
-      r->dirty = r->dirty_all = true;
-      if (r->tcp_fd >= 0) {  // the edge-triggered TCP watch follows the mask's EPOLLOUT
-        del_internal(set, epfd, r->tcp_fd);
-        r->tcp_fd = -1;
-      }
-      uint64_t one = 1;  // a waiter must re-check with the new mask
-      (void)!sys::libc.write(r->wake_fd, &one, sizeof one);
+      rearm(set, epfd, *r, *ev);
       return 0;
     }
     return Err(EINVAL);
@@ -692,8 +760,22 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     int shadow;
     {
       std::lock_guard lk(set->mu);
+      // Another thread's collect() found events due without signalling
+      // ready_fd (nobody was asleep): collect them rather than sleep.
+      if (set->due_unsignalled) continue;
       shadow = set->shadow;
+      set->sleepers++;
     }
+    struct Awake {  // sleepers-- once the sleep is over, on every path
+      EpollSet* set;
+      void done() {
+        if (!set) return;
+        std::lock_guard lk(set->mu);
+        set->sleepers--;
+        set = nullptr;
+      }
+      ~Awake() { done(); }
+    } awake{set};
     SignalWatch::Sleep sleep(mask);
     if (signals.check()) return Err(EINTR);
     const sigset_t* sleep_mask = sleep.mask();
@@ -714,6 +796,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     }
     int err = errno;
     for (Stream* st : streams) st->sleep_end();
+    awake.done();
     if (k < 0) return Err(err);
     k = epoll_filter_internal(epfd, ev, k);
     // Kernel events of plain fds are returned with any user ones due now.
@@ -770,7 +853,7 @@ void readiness_after_io(const Socket* s) {
     std::lock_guard lk(set->mu);
     if (!set->watched) continue;
     for (auto& r : set->regs) {
-      if (r.sock == s && r.user) {
+      if (r.sock == s && r.user && !r.parked) {
         refresh(set, false);
         break;
       }
