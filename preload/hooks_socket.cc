@@ -162,7 +162,7 @@ RSOCK_HOOK int getsockopt(int fd, int level, int opt, void* val, socklen_t* len)
     if (auto s = h.tracked(fd)) {
       if (auto* st = rsock::preload::governing(s)) {
         if (int e = st->take_error()) {
-          *static_cast<int*>(val) = e;
+          *static_cast<int*>(val) = e > 0 ? e : 0;
           *len = sizeof(int);
           return h.pass(0);
         }

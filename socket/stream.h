@@ -62,7 +62,9 @@ class Stream {
   Status<size_t> recv(std::span<const iovec> iov, int flags, bool nonblock);
   Status<size_t> send(std::span<const iovec> iov, int flags, bool nonblock);
   Status<int> fionread();
-  int take_error();  // SO_ERROR: a pending reset, reported once
+  // SO_ERROR: a pending reset (reported once); -1 once it was reported, when
+  // SO_ERROR must say 0 whatever the TCP socket under it holds.
+  int take_error();
   Status<void> shutdown(int how);
   // Current readiness (POLLIN/POLLOUT/POLLRDHUP/POLLHUP/POLLERR subset of
   // `interest` plus POLLHUP/POLLERR), after driving progress.
@@ -167,6 +169,8 @@ class Stream {
   uint64_t deadline_ns_ = 0;
   std::unique_ptr<transport::Connection> conn_;
   int err_ = 0;
+  bool err_reported_ = false;  // err_ went to the application once
+  int report_error();          // under mu_: err_, once
 
   uint64_t tcp_tx_ = 0, tcp_rx_ = 0;   // application bytes carried by TCP
   // Our direction (tx): OFFER -> READY -> MARKER.

@@ -87,7 +87,7 @@ Status<size_t> Stream::try_recv(std::span<const iovec> iov, int flags) {
   Phase p = phase();
   if (p == Phase::kPlain) return Err(kRedoPlain);
   // A reset is reported once, then the socket reads as EOF (like the kernel).
-  if (p == Phase::kBroken) return err_ ? Status<size_t>(Err(std::exchange(err_, 0))) : size_t{0};
+  if (p == Phase::kBroken) return err_ ? Status<size_t>(Err(report_error())) : size_t{0};
   // 1. Bytes the library read ahead of the application come first; then, in
   //    the same call, whatever follows them (the kernel's read returns all
   //    that is queued, not just up to an internal boundary).
@@ -141,7 +141,7 @@ Status<size_t> Stream::try_recv_source(std::span<const iovec> iov, int flags) {
 Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
   Phase p = phase();
   if (p == Phase::kPlain) return Err(kRedoPlain);
-  if (p == Phase::kBroken) return Err(err_ ? std::exchange(err_, 0) : EPIPE);
+  if (p == Phase::kBroken) return Err(err_ ? report_error() : EPIPE);
   if (wr_shut_) return Err(EPIPE);
   if (tcp_tx_open()) {
     msghdr mh{};
@@ -241,10 +241,26 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
   }
 }
 
+int Stream::report_error() {
+  err_reported_ = true;
+  return std::exchange(err_, 0);
+}
+
 int Stream::take_error() {
   std::lock_guard lk(mu_);
   advance_inline(true);
-  return phase() == Phase::kBroken ? std::exchange(err_, 0) : 0;
+  if (phase() != Phase::kBroken) return 0;
+  if (err_) return report_error();
+  if (!err_reported_) return 0;
+  // The reset was reported already (by a read, a write or SO_ERROR). The
+  // TCP socket under it usually saw the same reset: its pending error is
+  // the same event, which the kernel too would report only once.
+  if (tcp_fd_ >= 0) {
+    int k;
+    socklen_t kl = sizeof k;
+    (void)sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_ERROR, &k, &kl);
+  }
+  return -1;
 }
 
 Status<int> Stream::fionread() {
