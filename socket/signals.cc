@@ -79,7 +79,8 @@ int signal_action(int sig, const struct sigaction* act, struct sigaction* old) {
   int prev_flags = u.flags.load(std::memory_order_acquire);
   struct sigaction wrapped;
   const struct sigaction* give = act;
-  bool wrap = act && valid && sig != SIGKILL && sig != SIGSTOP && is_caught(*act);
+  const bool caught = act && is_caught(*act);  // now: `old` may be the same struct
+  bool wrap = caught && valid && sig != SIGKILL && sig != SIGSTOP;
   if (wrap) {
     wrapped = *act;
     wrapped.sa_flags |= SA_SIGINFO;
@@ -108,7 +109,7 @@ int signal_action(int sig, const struct sigaction* act, struct sigaction* old) {
         old->sa_handler = reinterpret_cast<sighandler_t>(prev_fn);
     }
   }
-  if (act) set_caught(sig, is_caught(*act));
+  if (act) set_caught(sig, caught);
   return 0;
 }
 
