@@ -35,6 +35,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
 log() { printf '[%s] %s\n' "${TEST_NAME:-test}" "$*" >&2; }
+# set -e ends a test at a failing command without a word: say which.
+trap 'log "FAIL: line $LINENO: \"$BASH_COMMAND\" exited $?"' ERR
 fail() { log "FAIL: $*"; exit 1; }
 
 # t SECONDS -- scaled timeout value
