@@ -304,6 +304,8 @@ void Stream::rdma_failed_during_switch() {
     if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
   }
   if (out_marker_off_ == 0 && !offer_rcvd_) {
+    LOG_DEBUG("fd %d: staying on TCP (the RDMA connection failed during the switch: %s)", tcp_fd_,
+              strerror(conn_ && conn_->error() ? conn_->error() : ECONNRESET));
     set_phase(Phase::kPlain);
     stats::set_fallback(slot_, stats::FallbackReason::kPeerClosed);
   }
