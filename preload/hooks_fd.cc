@@ -178,6 +178,11 @@ static sighandler_t set_handler(HookScope& h, int sig, sighandler_t fn, int flag
   return old.sa_handler;
 }
 
+static sighandler_t set_bsd_handler(HookScope& h, int sig, sighandler_t fn) {
+  bool intr = g_sigintr.load() & sig_bit(sig);
+  return set_handler(h, sig, fn, intr ? 0 : SA_RESTART, true);
+}
+
 }  // namespace rsock::preload
 
 RSOCK_HOOK int sigaction(int sig, const struct sigaction* act, struct sigaction* old) noexcept {
@@ -189,14 +194,12 @@ RSOCK_HOOK int sigaction(int sig, const struct sigaction* act, struct sigaction*
 // unless siginterrupt() said otherwise.
 RSOCK_HOOK sighandler_t signal(int sig, sighandler_t handler) noexcept {
   HookScope h;
-  bool intr = rsock::preload::g_sigintr.load() & rsock::preload::sig_bit(sig);
-  return rsock::preload::set_handler(h, sig, handler, intr ? 0 : SA_RESTART, true);
+  return rsock::preload::set_bsd_handler(h, sig, handler);
 }
 
 RSOCK_HOOK sighandler_t bsd_signal(int sig, sighandler_t handler) noexcept {
   HookScope h;
-  bool intr = rsock::preload::g_sigintr.load() & rsock::preload::sig_bit(sig);
-  return rsock::preload::set_handler(h, sig, handler, intr ? 0 : SA_RESTART, true);
+  return rsock::preload::set_bsd_handler(h, sig, handler);
 }
 
 // System V semantics, as glibc: one-shot, not masked, interrupting.

@@ -43,7 +43,6 @@ struct Deadline {
     buf->tv_nsec = long(rem % 1000000000ull);
     return buf;
   }
-  bool zero() const { return expired(); }
   // Starts the clock now (for a remaining time reported back, as select's).
   void start() {
     if (!forever && span) end = now_ns() + span;
@@ -143,7 +142,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
   };
   for (;;) {
     int ready = scan(true);
-    if (ready || dl.zero()) return ready;
+    if (ready || dl.expired()) return ready;
     if (spin(active, [&] { return (ready = scan(false)) > 0; })) return ready;
     // Sleep on the kernel fds plus each stream's own fds.
     SignalWatch::Sleep sleep(mask);
@@ -435,15 +434,10 @@ void drop(EpollSet* set, int epfd, size_t i) {
   set->regs.erase(set->regs.begin() + long(i));
 }
 
-Reg* find(EpollSet* set, int fd) {
+// The live registration of fd, or (parked) the parked one.
+Reg* find(EpollSet* set, int fd, bool parked = false) {
   for (auto& r : set->regs)
-    if (r.fd == fd && !r.parked) return &r;
-  return nullptr;
-}
-
-Reg* find_parked(EpollSet* set, int fd) {
-  for (auto& r : set->regs)
-    if (r.fd == fd && r.parked) return &r;
+    if (r.fd == fd && r.parked == parked) return &r;
   return nullptr;
 }
 
@@ -662,7 +656,7 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
     else r->fd = -1;
     r = nullptr;
   }
-  if (Reg* p = op == EPOLL_CTL_ADD && !r ? find_parked(set, fd) : nullptr) {
+  if (Reg* p = op == EPOLL_CTL_ADD && !r ? find(set, fd, true) : nullptr) {
     // The socket it was deleted from comes back: as it was, with the new mask.
     if (p->sock == s.get() && ev && !(ev->events & EPOLLEXCLUSIVE) && governing_stream(s)) {
       p->parked = false;
@@ -747,7 +741,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       }
       n += epoll_filter_internal(epfd, ev + n, k);
     }
-    if (n || dl.zero()) return n;
+    if (n || dl.expired()) return n;
     if (streams.empty()) continue;  // only internal wakeups: re-collect
     if (spin(streams, [&] {
           std::lock_guard lk(set->mu);
