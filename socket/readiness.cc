@@ -145,7 +145,9 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     if (ready || dl.expired()) return ready;
     if (spin(active, [&] { return (ready = scan(false)) > 0; })) return ready;
     // Sleep on the kernel fds plus each stream's own fds.
-    SignalWatch::Sleep sleep(mask);
+    Stream* any_st = nullptr;  // its wake fd is in the sleep set
+    for (nfds_t i = 0; i < n && !any_st; i++) any_st = streams[i];
+    SignalWatch::Sleep sleep(mask, any_st ? any_st->wake_fd() : -1);
     if (signals.check()) return Err(EINTR);  // poll is never restarted
     std::vector<pollfd> wait(kfds);
     for (nfds_t i = 0; i < n; i++) {
@@ -728,7 +730,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       timespec zero{}, buf;
       const timespec* t = n ? &zero : (streams.empty() ? dl.left(&buf) : &zero);
       bool sleeps = t != &zero;
-      SignalWatch::Sleep sleep(mask, sleeps);
+      SignalWatch::Sleep sleep(mask, -1, sleeps);  // kernel fds only
       if (sleeps && signals.check()) return Err(EINTR);
       int k = sys::libc.epoll_pwait2(epfd, ev + n, max - n, t, sleep.mask());
       if (k < 0 && errno == ENOSYS) {
@@ -770,7 +772,8 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       }
       ~Awake() { done(); }
     } awake{set};
-    SignalWatch::Sleep sleep(mask);
+    // streams[0]'s wake fd is in the shadow instance (or in epfd without one).
+    SignalWatch::Sleep sleep(mask, streams[0]->wake_fd());
     if (signals.check()) return Err(EINTR);
     const sigset_t* sleep_mask = sleep.mask();
     for (Stream* st : streams) st->sleep_begin();

@@ -26,6 +26,9 @@ UserHandler g_user[65];
 // them in signal context, where a lazily allocated TLS block is not safe.
 thread_local std::atomic<uint32_t> t_intr_runs __attribute__((tls_model("initial-exec"))){0};
 thread_local std::atomic<uint32_t> t_restart_runs __attribute__((tls_model("initial-exec"))){0};
+// The eventfd this thread is about to sleep on (-1: none): the trampoline
+// writes to it so that the sleep ends at once (SignalWatch::Sleep).
+thread_local std::atomic<int> t_sleep_fd __attribute__((tls_model("initial-exec"))){-1};
 
 void set_caught(int sig, bool caught) {
   if (sig < 1 || sig > 64) return;
@@ -43,6 +46,12 @@ void trampoline(int sig, siginfo_t* info, void* ctx) {
   uintptr_t fn = g_user[sig].fn.load(std::memory_order_acquire);
   int flags = g_user[sig].flags.load(std::memory_order_acquire);
   (flags & SA_RESTART ? t_restart_runs : t_intr_runs).fetch_add(1, std::memory_order_relaxed);
+  if (int fd = t_sleep_fd.load(std::memory_order_relaxed); fd >= 0) {
+    int saved = errno;  // write() is async-signal-safe; errno is the program's
+    uint64_t one = 1;
+    (void)!sys::libc.write(fd, &one, sizeof one);
+    errno = saved;
+  }
   if (flags & SA_RESETHAND) set_caught(sig, false);  // the kernel reset it to SIG_DFL
   if (flags & SA_SIGINFO)
     reinterpret_cast<void (*)(int, siginfo_t*, void*)>(fn)(sig, info, ctx);
@@ -126,8 +135,15 @@ int SignalWatch::check() {
   return kRestarted;
 }
 
-SignalWatch::Sleep::Sleep(const sigset_t* caller_mask, bool sleeps) : mask_(caller_mask) {
+SignalWatch::Sleep::Sleep(const sigset_t* caller_mask, int wake_fd, bool sleeps)
+    : mask_(caller_mask) {
   if (!sleeps || !g_caught_bits.load(std::memory_order_acquire)) return;
+  if (wake_fd >= 0) {
+    prev_fd_ = t_sleep_fd.exchange(wake_fd, std::memory_order_relaxed);
+    armed_ = true;
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // before the caller's check()
+    return;
+  }
   sigset_t caught = caught_set();
   if (pthread_sigmask(SIG_BLOCK, &caught, &orig_) != 0) return;
   blocked_ = true;
@@ -137,11 +153,12 @@ SignalWatch::Sleep::Sleep(const sigset_t* caller_mask, bool sleeps) : mask_(call
 SignalWatch::Sleep::~Sleep() {
   // A signal that arrived after the sleep ended runs its handler here; the
   // caller's next check() sees it.
+  if (armed_) t_sleep_fd.store(prev_fd_, std::memory_order_relaxed);
   if (blocked_) pthread_sigmask(SIG_SETMASK, &orig_, nullptr);
 }
 
 int restartable_poll(pollfd* fds, nfds_t n, int timeout_ms, SignalWatch& watch) {
-  SignalWatch::Sleep sleep(nullptr);
+  SignalWatch::Sleep sleep(nullptr, fds[0].fd);
   if (int s = watch.check()) return s;
   timespec ts{timeout_ms / 1000, long(timeout_ms % 1000) * 1000000};
   int r = sys::libc.ppoll(fds, n, timeout_ms < 0 ? nullptr : &ts, sleep.mask());

@@ -16,9 +16,12 @@
 //
 // Why not simply block the signals for the whole call: a process-directed
 // signal (alarm(), kill) goes to a thread that does not block it, so it
-// would run on some other thread and the call would never see it. Signals
-// are blocked only from the last check to the sleep's entry (ppoll's mask
-// unblocks them), a window of a few instructions.
+// would run on some other thread and the call would never see it. The
+// window between the last check and the sleep is closed without blocking:
+// while a thread is about to sleep, the trampoline also writes to an eventfd
+// that is in the sleep's set (a stream's wake fd), so the sleep ends at once.
+// Only a sleep on kernel fds alone (no such eventfd) blocks the caught
+// signals for that window instead.
 #pragma once
 
 #include <poll.h>
@@ -45,13 +48,14 @@ class SignalWatch {
   // so; else 0.
   int check();
 
-  // Surrounds one sleep: blocks the caught signals so that one arriving
-  // after the caller's check() stays pending until the sleep starts (which
-  // then ends at once, with EINTR), and restores the mask when destroyed.
+  // Surrounds one sleep, from before the caller's check(): a handler that
+  // runs after the check must end the sleep at once. With `wake_fd` (an
+  // eventfd the sleep waits on) the trampoline writes to it; without (-1),
+  // the caught signals stay blocked until the sleep's mask unblocks them.
   class Sleep {
    public:
-    // `sleeps` false: a zero-timeout call, which needs nothing blocked.
-    explicit Sleep(const sigset_t* caller_mask, bool sleeps = true);
+    // `sleeps` false: a zero-timeout call, which needs nothing.
+    Sleep(const sigset_t* caller_mask, int wake_fd, bool sleeps = true);
     ~Sleep();
     Sleep(const Sleep&) = delete;
     Sleep& operator=(const Sleep&) = delete;
@@ -61,6 +65,8 @@ class SignalWatch {
 
    private:
     bool blocked_ = false;
+    int prev_fd_ = -1;
+    bool armed_ = false;
     sigset_t orig_;
     const sigset_t* mask_;
   };
@@ -73,7 +79,8 @@ class SignalWatch {
 // poll() for a blocking socket call: returns 0 when the caller should
 // re-check (an fd is ready or the timeout passed), kRestarted when a handler
 // with SA_RESTART ran (restart, unless the socket has a timeout), EINTR when
-// a handler without SA_RESTART ran.
+// a handler without SA_RESTART ran. fds[0] must be an eventfd (the stream's
+// wake fd): see SignalWatch::Sleep.
 int restartable_poll(pollfd* fds, nfds_t n, int timeout_ms, SignalWatch& watch);
 
 }  // namespace rsock::socket
