@@ -27,6 +27,7 @@ const KeySpec kKeys[] = {
     {"negative_cache_ttl_s", KeyKind::kUint, &Tunables::negative_cache_ttl_s, nullptr, 0, 86400},
     {"port_offset", KeyKind::kUint, &Tunables::port_offset, nullptr, 0, 65535},
     {"stats", KeyKind::kBool, nullptr, &Tunables::stats},
+    {"debug_checks", KeyKind::kBool, nullptr, &Tunables::debug_checks},
     {"log_level", KeyKind::kLogLevel},
     {"log_file", KeyKind::kLogFile},
     {"default", KeyKind::kDefault},

@@ -24,6 +24,13 @@ struct Tunables {
   uint32_t port_offset = 0;           // rdma_cm port = TCP port + offset (mod 65536)
   // Observability -------------------------------------------------------------
   bool stats = true;                  // publish counters for rsock-stat
+  // Internal invariants checked at run time (abort with a message when one
+  // breaks): on in debug builds, RSOCK_DEBUG_CHECKS=1 in release builds.
+#ifdef NDEBUG
+  bool debug_checks = false;
+#else
+  bool debug_checks = true;
+#endif
 };
 
 }  // namespace rsock::config

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -113,6 +114,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
   SignalWatch signals;
   std::vector<pollfd> kfds;
   std::vector<nfds_t> kidx;
+  std::vector<uint64_t> seen(n);  // generation each stream's last look was based on
   auto scan = [&](bool full) -> int {
     int ready = 0;
     kfds.clear();
@@ -120,6 +122,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     for (nfds_t i = 0; i < n; i++) {
       fds[i].revents = 0;
       if (streams[i]) {
+        seen[i] = streams[i]->generation();
         if (full) streams[i]->consume_wake();  // a syscall: not while spinning
         short ev = streams[i]->poll_events(fds[i].events, full);
         if (ev >= 0) {
@@ -150,15 +153,16 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     SignalWatch::Sleep sleep(mask, any_st ? any_st->wake_fd() : -1);
     if (signals.check()) return Err(EINTR);  // poll is never restarted
     std::vector<pollfd> wait(kfds);
+    bool still = true;  // no stream changed since the scan
     for (nfds_t i = 0; i < n; i++) {
       if (!streams[i]) continue;
       pollfd w[3];
       int k = streams[i]->wait_fds(fds[i].events, w);
       wait.insert(wait.end(), w, w + k);
-      streams[i]->sleep_begin();
+      still &= streams[i]->sleep_begin(seen[i]);
     }
-    timespec buf;
-    int r = sys::libc.ppoll(wait.data(), wait.size(), dl.left(&buf), sleep.mask());
+    timespec buf, zero{};
+    int r = sys::libc.ppoll(wait.data(), wait.size(), still ? dl.left(&buf) : &zero, sleep.mask());
     int err = errno;
     for (nfds_t i = 0; i < n; i++)
       if (streams[i]) streams[i]->sleep_end();
@@ -213,6 +217,7 @@ Status<int> select_emulated(int nfds, fd_set* r, fd_set* w, fd_set* e, timespec*
 namespace {
 
 struct Reg {
+  Reg(int f, Socket* s, uint32_t e, epoll_data_t d) : fd(f), sock(s), events(e), data(d) {}
   int fd;
   Socket* sock;          // one reference held while registered
   uint32_t events;       // the application's mask (with EPOLLET/EPOLLONESHOT)
@@ -226,8 +231,10 @@ struct Reg {
   // Internal fds, in the shadow instance under `id`: the stream's wake and
   // connection fds, and its TCP socket (edge-triggered) while data may still
   // come that way (rendezvous, switch).
+  // Their epoll data is this Reg's address | kind: a Reg outlives its
+  // shadow entries (drop() deletes them first), so a harvested event always
+  // names a live Reg.
   int wake_fd = -1, conn_fd = -1, tcp_fd = -1;
-  uint32_t id = 0;
   bool dirty = true;      // an internal fd fired, or new/modified: evaluate
   bool dirty_all = true;  // evaluate with every syscall (new, modified, refreshed)
   bool due_last = false;  // level-triggered and due at the last evaluation
@@ -251,14 +258,15 @@ constexpr uint8_t kFiredWake = 1, kFiredConn = 2;
 // in another epoll), the progress thread, woken by the shadow instance.
 struct EpollSet {
   std::mutex mu;
-  std::vector<Reg> regs;
+  // Stable addresses: the shadow's events point at their Reg.
+  std::vector<std::unique_ptr<Reg>> regs;
   int user_count = 0;
   int shadow = -1;
   int ready_fd = -1;
   bool ready_set = false;
   bool due_unsignalled = false;  // user events due, ready_fd not set (set_ready)
   int sleepers = 0;              // threads asleep in an emulated epoll_wait on it
-  uint32_t next_id = 1;
+  int internal_fds = 0;          // entries in the shadow instance
   std::atomic<bool> watched{false};  // written under mu; read without it as a hint
 };
 
@@ -337,43 +345,57 @@ void ensure_aux(EpollSet* set, int epfd) {
 
 int internal_target(EpollSet* set, int epfd) { return set->shadow >= 0 ? set->shadow : epfd; }
 
-// Shadow entries are named (id << 2) | kind.
-constexpr uint64_t kWake = 0, kConn = 1, kTcpWatch = 2;
+// Shadow entries carry (Reg address) | kind.
+constexpr uint64_t kWake = 0, kConn = 1, kTcpWatch = 2, kKindMask = 3;
+static_assert(alignof(Reg) > kKindMask);
 
-void add_internal(EpollSet* set, int epfd, int fd, uint32_t id, uint32_t events = EPOLLIN,
+// Shadow entries are edge-triggered: each firing is harvested once by
+// drain_shadow() and kept in the Reg (dirty/fired) until collect() evaluates
+// it. Level-triggered entries made the harvest a livelock (issue 17): an
+// entry stays ready until its fd is consumed, epoll hands ready entries out
+// in rotation, so with more than one batch of them ready at once, "read
+// until a short batch" never ended. They also kept the shadow readable for a
+// registration collect() does not evaluate (EPOLLONESHOT disarmed, or past
+// maxevents), turning every sleep into a busy loop.
+void add_internal(EpollSet* set, int epfd, int fd, Reg& r, uint32_t events = EPOLLIN,
                   uint64_t kind = kWake) {
   epoll_event ev{};
-  ev.events = events;
-  ev.data.u64 = set->shadow >= 0 ? (uint64_t{id} << 2) | kind : g_cookie;
-  sys::libc.epoll_ctl(internal_target(set, epfd), EPOLL_CTL_ADD, fd, &ev);
+  bool shadow = set->shadow >= 0;
+  ev.events = shadow ? events | EPOLLET : events;
+  ev.data.u64 = shadow ? reinterpret_cast<uint64_t>(&r) | kind : g_cookie;
+  if (sys::libc.epoll_ctl(internal_target(set, epfd), EPOLL_CTL_ADD, fd, &ev) == 0 && shadow)
+    set->internal_fds++;
 }
 
 // Under set->mu: which registrations' internal fds fired since last time.
 // This is the set's ready list: collect() evaluates only those (plus the
 // level-triggered ones that were due, and any it cannot track), so a wait
 // costs one syscall here instead of one or two per upgraded socket.
+// Bounded: one pass over the entries the shadow holds. A firing that comes in
+// meanwhile is harvested by the next call (the shadow stays readable for it).
 void drain_shadow(EpollSet* set) {
   if (set->shadow < 0) return;
   epoll_event evs[64];
+  int budget = set->internal_fds;
   for (;;) {
     int k = sys::libc.epoll_wait(set->shadow, evs, 64, 0);
     for (int i = 0; i < k; i++) {
-      for (auto& r : set->regs) {
-        if (r.id == (evs[i].data.u64 >> 2)) {
-          r.dirty = true;
-          uint64_t kind = evs[i].data.u64 & 3;
-          if (kind == kTcpWatch) r.tcp_fired |= evs[i].events;
-          else r.fired |= kind == kWake ? kFiredWake : kFiredConn;
-          break;
-        }
-      }
+      Reg& r = *reinterpret_cast<Reg*>(evs[i].data.u64 & ~kKindMask);
+      r.dirty = true;
+      uint64_t kind = evs[i].data.u64 & kKindMask;
+      if (kind == kTcpWatch) r.tcp_fired |= evs[i].events;
+      else r.fired |= kind == kWake ? kFiredWake : kFiredConn;
     }
-    if (k < 64) break;
+    budget -= k;
+    if (k < 64 || budget <= 0) break;
   }
 }
 
 void del_internal(EpollSet* set, int epfd, int fd) {
-  if (fd >= 0) sys::libc.epoll_ctl(internal_target(set, epfd), EPOLL_CTL_DEL, fd, nullptr);
+  if (fd < 0) return;
+  if (sys::libc.epoll_ctl(internal_target(set, epfd), EPOLL_CTL_DEL, fd, nullptr) == 0 &&
+      set->shadow >= 0)
+    set->internal_fds--;
 }
 
 // Under set->mu: ready_fd readable iff `due`. Syscalls only on a change,
@@ -402,7 +424,7 @@ void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
   set->user_count++;
   r.sock->epoll_users.fetch_add(1, std::memory_order_relaxed);
   r.wake_fd = st->wake_fd();
-  add_internal(set, epfd, r.wake_fd, r.id);
+  add_internal(set, epfd, r.wake_fd, r);
 }
 
 // Under set->mu: the internal fds of a registration leave the shadow.
@@ -426,9 +448,9 @@ void to_kernel(EpollSet* set, int epfd, Reg& r) {
 }
 
 void drop(EpollSet* set, int epfd, size_t i) {
-  Reg& r = set->regs[i];
+  Reg& r = *set->regs[i];
   if (r.user) {
-    if (epfd >= 0) del_internals(set, epfd, r);
+    if (epfd >= 0) del_internals(set, epfd, r);  // before the Reg their events name is freed
     set->user_count--;
     r.sock->epoll_users.fetch_sub(1, std::memory_order_relaxed);
   }
@@ -436,10 +458,16 @@ void drop(EpollSet* set, int epfd, size_t i) {
   set->regs.erase(set->regs.begin() + long(i));
 }
 
+size_t index_of(EpollSet* set, const Reg* r) {
+  for (size_t i = 0; i < set->regs.size(); i++)
+    if (set->regs[i].get() == r) return i;
+  return set->regs.size();
+}
+
 // The live registration of fd, or (parked) the parked one.
 Reg* find(EpollSet* set, int fd, bool parked = false) {
   for (auto& r : set->regs)
-    if (r.fd == fd && r.parked == parked) return &r;
+    if (r->fd == fd && r->parked == parked) return r.get();
   return nullptr;
 }
 
@@ -487,13 +515,17 @@ uint32_t to_epoll(short p) {
 
 // Under set->mu: keeps registrations in step with their sockets and returns
 // the user-space events that are due. `streams` collects the live streams.
+// `seen` (with streams): the generation each one's state was last looked at
+// in, or kNoCheck (disarmed: nothing to report whatever changes).
+constexpr uint64_t kNoCheck = ~0ull;
 int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stream*>* streams,
-            bool full = true) {
+            bool full = true, std::vector<uint64_t>* seen = nullptr) {
   int n = 0;
   bool still_due = false;  // user events a next call would report (ready_fd)
   if (full) drain_shadow(set);
+  size_t resume = 0;  // where the next collect starts when maxevents cut this one
   for (size_t i = 0; i < set->regs.size();) {
-    Reg& r = set->regs[i];
+    Reg& r = *set->regs[i];
     // Linux keeps a registration until the socket's last fd is closed (a dup
     // keeps it alive, even when the registered fd number is gone).
     if (r.sock->names() == 0) {
@@ -519,10 +551,12 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
     }
     if (r.user && st) {
       if (streams) streams->push_back(st);
+      size_t my_seen = seen ? seen->size() : 0;
+      if (seen) seen->push_back(kNoCheck);
       if (int cfd = st->progress_fd(); cfd != r.conn_fd) {
         del_internal(set, epfd, r.conn_fd);
         r.conn_fd = cfd;
-        if (cfd >= 0) add_internal(set, epfd, cfd, r.id, EPOLLIN, kConn);
+        if (cfd >= 0) add_internal(set, epfd, cfd, r, EPOLLIN, kConn);
       }
       // While data may arrive on TCP, its socket must wake the set too.
       bool on_rdma = st->on_rdma();
@@ -531,7 +565,7 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
         del_internal(set, epfd, r.tcp_fd);
         r.tcp_fd = tfd;
         uint32_t tev = EPOLLET | EPOLLIN | EPOLLRDHUP | (r.events & EPOLLOUT);
-        if (tfd >= 0) add_internal(set, epfd, tfd, r.id, tev, kTcpWatch);
+        if (tfd >= 0) add_internal(set, epfd, tfd, r, tev, kTcpWatch);
       }
       // Skipped only when nothing can have changed: on RDMA, no internal fd
       // fired (events nobody processed yet), the stream's generation is the
@@ -540,7 +574,10 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
       bool look = !full || set->shadow < 0 || r.dirty || r.due_last || !on_rdma ||
                   st->generation() != r.seen_gen ||
                   r.sock->epoll_users.load(std::memory_order_relaxed) > 1;
-      if (!r.disarmed && n >= max) still_due = true;  // not looked at: assume due
+      if (!r.disarmed && n >= max) {
+        still_due = true;  // not looked at: assume due
+        if (!resume) resume = i;
+      }
       if (!r.disarmed && n < max && look) {
         // Only what fired costs syscalls: the wake eventfd is read if it
         // fired, rdma_cm events and timers are processed if the connection's
@@ -587,9 +624,14 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
           if (!(r.events & (EPOLLET | EPOLLONESHOT))) still_due = r.due_last = true;
         }
       }
+      if (seen && r.user && !r.disarmed) (*seen)[my_seen] = r.seen_gen;
     }
     i++;
   }
+  // Like the kernel's ready list, which hands level-triggered entries out in
+  // rotation: the registrations maxevents left out come first next time, or
+  // a few always-ready sockets at the front would starve the rest.
+  if (resume) std::rotate(set->regs.begin(), set->regs.begin() + long(resume), set->regs.end());
   set_ready(set, still_due);
   return n;
 }
@@ -598,7 +640,8 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
 // edge or a one-shot stays for the application's next epoll_wait).
 void refresh(EpollSet* set, bool full) {
   bool due = false;
-  for (auto& r : set->regs) {
+  for (auto& rp : set->regs) {
+    Reg& r = *rp;
     if (!r.user || r.parked || r.disarmed || r.sock->names() == 0) continue;
     Stream* st = r.sock->stream();
     if (!st || !st->governs()) {
@@ -622,6 +665,38 @@ void refresh(EpollSet* set, bool full) {
     }
   }
   set_ready(set, due);
+}
+
+// Debug check (tunable debug_checks), under set->mu, right before a thread
+// sleeps in the set: the invariant whose violation is a lost readiness. A
+// live level-triggered registration whose socket is ready in user space must
+// have been reported by the collect() that preceded the sleep; if it is ready
+// now, something must be pending that ends the sleep at once (one of its
+// internal fds readable, or a firing not harvested from the shadow yet).
+// Otherwise the thread would sleep over it, possibly forever. Aborts with a
+// message naming the socket: a test then fails at the cause, not at a hang.
+void check_before_sleep(EpollSet* set, int epfd) {
+  for (auto& rp : set->regs) {
+    Reg& r = *rp;
+    if (!r.user || r.parked || r.disarmed || (r.events & (EPOLLET | EPOLLONESHOT)) ||
+        r.sock->names() == 0)
+      continue;
+    Stream* st = r.sock->stream();
+    if (!st || !st->governs()) continue;
+    short interest = to_poll(r.events);
+    short ev = st->peek_events(interest);
+    if (ev <= 0 || !(ev & short(interest | POLLHUP | POLLERR))) continue;
+    pollfd p[4];
+    nfds_t k = 0;
+    for (int fd : {r.wake_fd, r.conn_fd, r.tcp_fd, set->shadow})
+      if (fd >= 0) p[k++] = {fd, POLLIN, 0};
+    if (sys::libc.poll(p, k, 0) > 0) continue;
+    log::write_line(log::Level::kError,
+                    "invariant violated: epoll %d is about to sleep while fd %d (%s) has events "
+                    "0x%x due (interest 0x%x) and nothing pending would wake it: lost readiness",
+                    epfd, r.fd, phase_name(st->phase()), unsigned(ev), unsigned(interest));
+    abort();
+  }
 }
 
 // Progress thread: the shadow instance of a watched set fired.
@@ -654,7 +729,7 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
     // The registered fd was closed and its number reused: for the kernel
     // these are different registrations (file, fd); ours are keyed by fd
     // alone, so the old one stops being addressable, as in the kernel.
-    if (r->sock->names() == 0) drop(set, epfd, size_t(r - set->regs.data()));
+    if (r->sock->names() == 0) drop(set, epfd, index_of(set, r));
     else r->fd = -1;
     r = nullptr;
   }
@@ -665,20 +740,20 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
       rearm(set, epfd, *p, *ev);
       return 0;
     }
-    drop(set, epfd, size_t(p - set->regs.data()));
+    drop(set, epfd, index_of(set, p));
   }
   if (r && r->user) {
     // The kernel does not hold this registration: emulate its answers.
     if (op == EPOLL_CTL_ADD) return Err(EEXIST);
     if (op == EPOLL_CTL_DEL) {
       int parked = 0;
-      for (auto& o : set->regs) parked += o.parked;
+      for (auto& o : set->regs) parked += o->parked;
       if (parked < kMaxParked) {
         r->parked = true;
         r->fired = 0;
         r->tcp_fired = 0;
       } else {
-        drop(set, epfd, size_t(r - set->regs.data()));
+        drop(set, epfd, index_of(set, r));
       }
       return 0;
     }
@@ -693,12 +768,16 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
   // The kernel validates and holds it (possibly only until collect() moves it).
   if (sys::libc.epoll_ctl(epfd, op, fd, ev) != 0) return Err(errno);
   if (op == EPOLL_CTL_ADD) {
+    auto reg = std::unique_ptr<Reg>(new (std::nothrow) Reg(fd, s.get(), ev->events, ev->data));
+    if (!reg) {
+      sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+      return Err(ENOMEM);
+    }
     s->ref();
-    set->regs.push_back({fd, s.get(), ev->events, ev->data});
-    set->regs.back().id = set->next_id++;
-    if (Stream* st = governing_stream(s)) to_user(set, epfd, set->regs.back(), st);
+    set->regs.push_back(std::move(reg));
+    if (Stream* st = governing_stream(s)) to_user(set, epfd, *set->regs.back(), st);
   } else if (r && op == EPOLL_CTL_DEL) {
-    drop(set, epfd, size_t(r - set->regs.data()));
+    drop(set, epfd, index_of(set, r));
   } else if (r && op == EPOLL_CTL_MOD) {
     r->events = ev->events;
     r->data = ev->data;
@@ -718,12 +797,14 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
   Deadline dl(timeout);
   SignalWatch signals;
   std::vector<Stream*> streams;
+  std::vector<uint64_t> seen;
   for (;;) {
     int n;
     {
       std::lock_guard lk(set->mu);
       streams.clear();
-      n = collect(set, epfd, ev, max, &streams);
+      seen.clear();
+      n = collect(set, epfd, ev, max, &streams, true, &seen);
     }
     if (n < max) {
       // Kernel-held registrations, without sleeping if we already have some.
@@ -759,6 +840,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       // Another thread's collect() found events due without signalling
       // ready_fd (nobody was asleep): collect them rather than sleep.
       if (set->due_unsignalled) continue;
+      if (process_config().tunables.debug_checks) check_before_sleep(set, epfd);
       shadow = set->shadow;
       set->sleepers++;
     }
@@ -776,9 +858,13 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     SignalWatch::Sleep sleep(mask, streams[0]->wake_fd());
     if (signals.check()) return Err(EINTR);
     const sigset_t* sleep_mask = sleep.mask();
-    for (Stream* st : streams) st->sleep_begin();
-    timespec buf;
-    const timespec* t = dl.left(&buf);
+    // A stream that changed since collect() looked at it may have found no
+    // sleeper to poke: look again instead of sleeping over it.
+    bool still = true;
+    for (size_t i = 0; i < streams.size(); i++)
+      still &= streams[i]->sleep_begin(seen[i]) || seen[i] == kNoCheck;
+    timespec buf, zero{};
+    const timespec* t = still ? dl.left(&buf) : &zero;
     int k;
     if (shadow >= 0) {
       pollfd pf[2] = {{epfd, POLLIN, 0}, {shadow, POLLIN, 0}};
@@ -822,7 +908,7 @@ void epoll_fd_closed(int fd) {
   if (!set) return;
   std::lock_guard lk(set->mu);
   while (!set->regs.empty()) {
-    set->regs.back().user = false;  // the kernel instance is gone with its fds
+    set->regs.back()->user = false;  // the kernel instance is gone with its fds
     drop(set, -1, set->regs.size() - 1);
   }
   set->user_count = 0;
@@ -831,6 +917,7 @@ void epoll_fd_closed(int fd) {
     sys::libc.close(set->shadow);
     sys::libc.close(set->ready_fd);
     set->shadow = set->ready_fd = -1;
+    set->internal_fds = 0;
     set->ready_set = false;
   }
   if (set->watched) g_watched.fetch_sub(1, std::memory_order_relaxed);
@@ -850,7 +937,7 @@ void readiness_after_io(const Socket* s) {
     std::lock_guard lk(set->mu);
     if (!set->watched) continue;
     for (auto& r : set->regs) {
-      if (r.sock == s && r.user && !r.parked) {
+      if (r->sock == s && r->user && !r->parked) {
         refresh(set, false);
         break;
       }

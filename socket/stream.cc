@@ -176,8 +176,10 @@ bool Stream::advance(bool block) {
 
 void Stream::advance_inline(bool full) {
   if (advance_locked(full)) {
-    gen_.fetch_add(1, std::memory_order_acq_rel);
-    if (sleepers_.load(std::memory_order_acquire) > 0) {
+    // seq_cst pairs with sleep_begin(): either this sees the sleeper and
+    // pokes it, or the sleeper sees the new generation and does not sleep.
+    gen_.fetch_add(1, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       uint64_t one = 1;
       (void)!sys::libc.write(wake_fd_, &one, sizeof one);
     }

@@ -71,6 +71,8 @@ class Stream {
   short poll_events(short interest, bool full = true);
   // The fds a waiter for `interest` must sleep on; returns how many (<= 3).
   int wait_fds(short interest, pollfd* out);
+  // Readiness as it stands, without driving progress (debug checks).
+  short peek_events(short interest);
   // Sleeps until poll_events(interest) may have changed, or timeout.
   // Returns 0, or EINTR / kRestarted when a signal handler ran since
   // `signals` was taken (signals.h).
@@ -116,7 +118,7 @@ class Stream {
   int wake_fd() const { return wake_fd_; }
   void consume_wake();      // clears wake_fd_ before readiness is recomputed
   // Bumped on every change waiters care about.
-  uint64_t generation() const { return gen_.load(std::memory_order_acquire); }
+  uint64_t generation() const { return gen_.load(std::memory_order_seq_cst); }
   // Edge-triggered epoll (readiness.cc) reports arrivals, not internal
   // changes: the stream position up to which the peer's bytes have arrived
   // (read or not; the kernel socket's queue counts while data may be on
@@ -126,8 +128,14 @@ class Stream {
   bool on_rdma() const { return phase() == Phase::kRdma; }
   // Waiters announce themselves around sleeping, so that a thread that
   // changes readiness in passing (a recv that also polled the CQ) knows
-  // whether anyone needs a poke.
-  void sleep_begin() { sleepers_.fetch_add(1, std::memory_order_acq_rel); }
+  // whether anyone needs a poke. sleep_begin(seen) returns false when the
+  // generation moved past `seen` (the one the waiter's last look was based
+  // on): such a change may have found no sleeper to poke, so the waiter must
+  // look again instead of sleeping (it still calls sleep_end()).
+  bool sleep_begin(uint64_t seen) {
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    return generation() == seen;
+  }
   void sleep_end() { sleepers_.fetch_sub(1, std::memory_order_acq_rel); }
 
  private:

@@ -336,6 +336,12 @@ short Stream::poll_events(short interest, bool full) {
   return events_locked(interest);
 }
 
+short Stream::peek_events(short interest) {
+  std::lock_guard lk(mu_);
+  if (phase() == Phase::kPlain) return -1;
+  return events_locked(interest);
+}
+
 int Stream::wait_fds(short interest, pollfd* out) {
   int n = 0;
   out[n++] = {wake_fd_, POLLIN, 0};
@@ -368,14 +374,13 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals) {
   int n = wait_fds(interest, fds);
   uint64_t drain;
   (void)!sys::libc.read(wake_fd_, &drain, sizeof drain);  // consume old pokes first
-  {
-    // Re-check after consuming: a poke between the caller's attempt and now
-    // must not be lost.
-    short ev = poll_events(interest);
-    if (ev < 0 || (ev & (interest | POLLERR | POLLHUP))) return 0;
-  }
-  sleep_begin();
-  int err = restartable_poll(fds, nfds_t(n), timeout_ms, signals);
+  // Re-check after consuming: a poke between the caller's attempt and now
+  // must not be lost.
+  uint64_t seen = generation();
+  short ev = poll_events(interest);
+  if (ev < 0 || (ev & (interest | POLLERR | POLLHUP))) return 0;
+  int err = 0;
+  if (sleep_begin(seen)) err = restartable_poll(fds, nfds_t(n), timeout_ms, signals);
   sleep_end();
   return err;
 }

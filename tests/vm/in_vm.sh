@@ -22,6 +22,29 @@ rdma link show 2>&1
 W=$(mktemp -d /tmp/vm-ctest.XXXXXX)
 printf 'subdirs("%s")\n' "$BUILD" > "$W/CTestTestfile.cmake"
 LOG=$W/ctest.out
+# Watchdog for every test: a process with librsock loaded that runs longer
+# than RSOCK_WATCHDOG_S (default 240 s; no VM test program should) gets its
+# rsock-stat and thread states dumped once, so that a hang is diagnosed from
+# this log before ctest's timeout kills it.
+. "$(dirname "$0")/../readiness/watchdog.sh"
+export RSOCK_STAT=$BUILD/rsock-stat
+(
+  declare -A dumped
+  while sleep 10; do
+    for m in /proc/[0-9]*/maps; do
+      p=${m#/proc/}; p=${p%/maps}
+      [ -z "${dumped[$p]:-}" ] || continue
+      grep -q librsock "$m" 2>/dev/null || continue
+      age=$(ps -o etimes= -p "$p" 2>/dev/null | tr -d ' ')
+      [ -n "$age" ] && [ "$age" -ge "${RSOCK_WATCHDOG_S:-240}" ] || continue
+      dumped[$p]=1
+      echo "watchdog: pid $p has run ${age}s under librsock"
+      watchdog_dump "$p"
+    done
+  done
+) &
+WATCHDOG=$!
+trap 'kill $WATCHDOG 2>/dev/null' EXIT
 # A failing test is run once more before it counts as failed: the guest is a
 # TCG emulation on a shared 2-core host, where a handful of timing-bound VM
 # tests have shown rare flakes (docs/TESTING.md). A test that fails twice fails.

@@ -1,0 +1,224 @@
+// epoll_echo: the C/epoll counterpart of asyncio_echo.py (issue 17). One
+// single-threaded process runs an echo server and N clients on one epoll
+// set, level- or edge-triggered. Every client sends BYTES of checksummed
+// data, half-closes, reads the echo until EOF and compares. The data phase
+// starts for all clients at once, so that (with --await-rdma, once every
+// connection reports RDMA at both ends) dozens of upgraded sockets become
+// ready together: the situation in which the epoll emulation used to
+// livelock while harvesting its internal fds.
+//
+//   rsock_epoll_echo IP [--conns N] [--bytes B] [--et] [--await-rdma] [--oneshot]
+// Exit 0 and "ok N" when every client got its bytes back; 1 otherwise; 77
+// with --await-rdma when not preloaded (nothing to await).
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "preload/librsock.h"
+
+namespace {
+
+struct Conn {
+  int fd = -1;
+  bool client = false;
+  std::vector<uint8_t> out;  // bytes still to send (client: its blob; server: echo backlog)
+  size_t out_off = 0;
+  std::vector<uint8_t> want;  // client: what it sent
+  std::vector<uint8_t> got;   // client: what came back
+  bool wr_shut = false, peer_eof = false, done = false;
+};
+
+double now_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+[[noreturn]] void die(const char* what) {
+  fprintf(stderr, "epoll_echo: %s: %s\n", what, strerror(errno));
+  exit(1);
+}
+
+int transport(int fd) {
+  int t = -1;
+  socklen_t len = sizeof t;
+  if (getsockopt(fd, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) != 0) return -1;
+  return t;
+}
+
+uint32_t mask_of(const Conn& c, bool et, bool oneshot) {
+  // Edge-triggered users register for everything once, as usual.
+  if (et && !oneshot) return EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+  uint32_t ev = EPOLLIN | EPOLLRDHUP;
+  if (c.out_off < c.out.size() || (c.client && !c.wr_shut)) ev |= EPOLLOUT;
+  if (et) ev |= EPOLLET;
+  if (oneshot) ev |= EPOLLONESHOT;
+  return ev;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s IP [--conns N] [--bytes B] [--et] [--await-rdma] [--oneshot]\n", argv[0]);
+    return 2;
+  }
+  const char* ip = argv[1];
+  int conns = 50;
+  size_t bytes = 200000;
+  bool et = false, await_rdma = false, oneshot = false;
+  for (int i = 2; i < argc; i++) {
+    std::string a = argv[i];
+    if (a == "--conns" && i + 1 < argc) conns = atoi(argv[++i]);
+    else if (a == "--bytes" && i + 1 < argc) bytes = size_t(atoll(argv[++i]));
+    else if (a == "--et") et = true;
+    else if (a == "--oneshot") oneshot = true;
+    else if (a == "--await-rdma") await_rdma = true;
+    else {
+      fprintf(stderr, "epoll_echo: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  if (inet_pton(AF_INET, ip, &sa.sin_addr) != 1) die("bad IP");
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  if (lfd < 0) die("socket");
+  if (bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) die("bind");
+  if (listen(lfd, 4096) != 0) die("listen");
+  socklen_t sl = sizeof sa;
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &sl);
+
+  // Connect and accept every pair first (blocking: simple and exact).
+  std::vector<Conn> cs;
+  cs.reserve(size_t(conns) * 2);
+  std::mt19937_64 rng(12345);
+  for (int i = 0; i < conns; i++) {
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (c < 0) die("socket");
+    if (connect(c, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) die("connect");
+    int s = accept(lfd, nullptr, nullptr);
+    if (s < 0) die("accept");
+    Conn cc;
+    cc.fd = c;
+    cc.client = true;
+    cc.want.resize(bytes);
+    for (auto& b : cc.want) b = uint8_t(rng());
+    cc.out = cc.want;
+    cs.push_back(std::move(cc));
+    Conn sc;
+    sc.fd = s;
+    cs.push_back(std::move(sc));
+  }
+  if (await_rdma) {
+    if (transport(cs[0].fd) < 0) {
+      printf("SKIP: --await-rdma without librsock\n");
+      return 77;
+    }
+    double end = now_s() + 120;
+    for (;;) {
+      int on = 0;
+      for (auto& c : cs) on += transport(c.fd) == RSOCK_TRANSPORT_RDMA;
+      if (on == int(cs.size())) break;
+      if (now_s() > end) {
+        fprintf(stderr, "epoll_echo: only %d of %zu sockets reached RDMA\n", on, cs.size());
+        return 1;
+      }
+      usleep(20000);
+    }
+  }
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) die("epoll_create1");
+  for (size_t i = 0; i < cs.size(); i++) {
+    fcntl(cs[i].fd, F_SETFL, fcntl(cs[i].fd, F_GETFL) | O_NONBLOCK);
+    epoll_event ev{};
+    ev.events = mask_of(cs[i], et, oneshot);
+    ev.data.u64 = i;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, cs[i].fd, &ev) != 0) die("epoll_ctl ADD");
+  }
+
+  int clients_left = conns;
+  std::vector<uint8_t> buf(65536);
+  std::vector<epoll_event> evs(size_t(conns) * 2 + 1);
+  while (clients_left > 0) {
+    // asyncio's selector asks for as many events as it has registrations.
+    int n = epoll_wait(ep, evs.data(), int(evs.size()), 30000);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      die("epoll_wait");
+    }
+    if (n == 0) {
+      fprintf(stderr, "epoll_echo: no event for 30 s with %d clients unfinished\n", clients_left);
+      return 1;
+    }
+    for (int k = 0; k < n; k++) {
+      Conn& c = cs[evs[k].data.u64];
+      if (c.done) continue;
+      // Edge-triggered users must drain; level-triggered ones may not, and
+      // read one buffer per event like most event loops.
+      for (;;) {
+        ssize_t r = read(c.fd, buf.data(), buf.size());
+        if (r > 0) {
+          if (c.client) c.got.insert(c.got.end(), buf.begin(), buf.begin() + r);
+          else c.out.insert(c.out.end(), buf.begin(), buf.begin() + r);
+          if (!et) break;
+          continue;
+        }
+        if (r == 0) c.peer_eof = true;
+        else if (errno != EAGAIN) die("read");
+        break;
+      }
+      while (c.out_off < c.out.size()) {
+        ssize_t w = write(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off);
+        if (w > 0) {
+          c.out_off += size_t(w);
+          continue;
+        }
+        if (w < 0 && errno != EAGAIN) die("write");
+        break;
+      }
+      if (c.out_off == c.out.size()) {
+        c.out.clear();
+        c.out_off = 0;
+        // Client: everything sent, half-close. Server: the client's EOF
+        // has been echoed, half-close too.
+        if (!c.wr_shut && (c.client || c.peer_eof)) {
+          shutdown(c.fd, SHUT_WR);
+          c.wr_shut = true;
+        }
+      }
+      if (c.client && c.peer_eof) {
+        c.done = true;
+        clients_left--;
+        if (c.got != c.want) {
+          fprintf(stderr, "epoll_echo: fd %d: %zu bytes back, %zu sent, %s\n", c.fd, c.got.size(),
+                  c.want.size(), c.got.size() == c.want.size() ? "content differs" : "length differs");
+          return 1;
+        }
+      }
+      if (!c.client && c.peer_eof && c.wr_shut) c.done = true;
+      epoll_event ev{};
+      ev.events = mask_of(c, et, oneshot);
+      ev.data.u64 = evs[k].data.u64;
+      if (c.done) epoll_ctl(ep, EPOLL_CTL_DEL, c.fd, nullptr);
+      else if (oneshot || !et) epoll_ctl(ep, EPOLL_CTL_MOD, c.fd, &ev);
+    }
+  }
+  printf("ok %d\n", conns);
+  return 0;
+}
