@@ -205,6 +205,9 @@ bool Stream::advance_locked(bool full) {
   // progress thread may have taken the completion event they sleep on).
   size_t before_r = conn_->readable(), before_w = conn_->writable();
   bool before_eof = conn_->eof();
+  int before_err = conn_->error();
+  const Phase p0 = p;
+  const auto before_sw = switch_state();
   auto st = full || p != Phase::kRdma ? conn_->progress() : conn_->poll_completions();
   if (!st) {
     if (p == Phase::kPending) {
@@ -289,8 +292,13 @@ bool Stream::advance_locked(bool full) {
     slot_->set_credits(g.credit_bytes);
   }
   if (conn_->writable() > before_w) tx_gen_.fetch_add(1, std::memory_order_acq_rel);
-  return p != phase() || conn_->readable() != before_r || conn_->writable() != before_w ||
-         conn_->eof() != before_eof || conn_->error() != 0 || phase() == Phase::kSwitching;
+  // Exact: a step that changed nothing must not count as a change. Waiters
+  // re-look after any change they did not see (sleep_begin), so "always
+  // changed while switching" made every blocked reader and poller spin
+  // through the switch instead of sleeping.
+  return p0 != phase() || conn_->readable() != before_r || conn_->writable() != before_w ||
+         conn_->eof() != before_eof || conn_->error() != before_err ||
+         switch_state() != before_sw;
 }
 
 // The RDMA connection died before the switch completed (typically: the peer

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "socket/upgrade_wire.h"
@@ -160,6 +161,13 @@ class Stream {
   Status<size_t> try_recv_source(std::span<const iovec> iov, int flags);
   Status<size_t> try_send(std::span<const iovec> iov, int flags);
   short events_locked(short interest);
+  // Under mu_: everything of the switch that readiness depends on, to tell
+  // whether a step changed any of it.
+  auto switch_state() const {
+    return std::tuple(staging_.size() - staging_off_, tcp_tx_, tcp_rx_, offer_sent_, ready_rcvd_,
+                      out_marker_off_, offer_rcvd_, ready_sent_, verified_, in_marker_got_,
+                      tcp_eof_, rdma_dead_, plain_when_drained_);
+  }
 
   std::mutex mu_;
   std::atomic<Phase> phase_{Phase::kPending};
