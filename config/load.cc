@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "config/config.h"
+#include "util/owned_fds.h"
 #include "util/sys.h"
 
 extern "C" char* program_invocation_short_name;  // glibc
@@ -86,7 +87,7 @@ Status<void> apply_logging(const Config& cfg) {
   }
   int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return Err(errno);
-  log::set_fd(fd);
+  log::set_fd(sys::own_fd(fd));  // opened before the program's first fds: keep 3 theirs
   return Ok();
 }
 

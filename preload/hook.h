@@ -48,6 +48,9 @@ class HookScope {
   HookScope(const HookScope&) = delete;
   HookScope& operator=(const HookScope&) = delete;
 
+  // The program's own call (not one made by librsock or a library it calls).
+  bool outermost() const { return t_depth == 1; }
+
   // The tracked socket behind fd, or an empty ref (also when re-entered).
   socket::SocketRef tracked(int fd) const {
     if (t_depth > 1) return {};

@@ -14,6 +14,7 @@
 #include "socket/readiness.h"
 #include "socket/signals.h"
 #include "socket/rendezvous.h"
+#include "util/owned_fds.h"
 #include "util/stats.h"
 
 using rsock::preload::HookScope;
@@ -54,6 +55,10 @@ static int fcntl_common(RsockFcntlFn fn, int fd, int cmd, void* arg) {
 
 RSOCK_HOOK int close(int fd) noexcept {
   HookScope h;
+  // A number the program never got from the kernel (librsock's own, at the
+  // top of the fd space): a daemon closing "all other fds" must not take our
+  // connections down. For the program it is closed.
+  if (h.outermost() && rsock::sys::owned_fd(fd)) return h.finish(rsock::Status<void>(rsock::Ok()));
   // Forget first: once the kernel frees the number, another thread's socket()
   // may reuse it and install its own entry, which we must not then erase.
   if (auto* t = rsock::socket::FdTable::get_if_exists()) {
@@ -65,7 +70,19 @@ RSOCK_HOOK int close(int fd) noexcept {
 
 RSOCK_HOOK int close_range(unsigned lo, unsigned hi, int flags) noexcept {
   HookScope h;
-  int r = real().close_range(lo, hi, flags);
+  int r = 0;
+  if (h.outermost() && rsock::sys::owned_fd_count() > 0 && lo <= hi) {
+    // Around librsock's own fds (see close()): the ranges between them.
+    unsigned from = lo;
+    for (unsigned fd = lo; fd <= hi && fd < unsigned(rsock::sys::kOwnedFdTop); fd++) {
+      if (!rsock::sys::owned_fd(int(fd))) continue;
+      if (fd > from && (r = real().close_range(from, fd - 1, flags)) != 0) return h.pass(r);
+      from = fd + 1;
+    }
+    r = from <= hi ? real().close_range(from, hi, flags) : 0;
+  } else {
+    r = real().close_range(lo, hi, flags);
+  }
   // CLOSE_RANGE_CLOEXEC only marks the fds; they stay open until exec.
   if (r == 0 && !(flags & CLOSE_RANGE_CLOEXEC))
     if (auto* t = rsock::socket::FdTable::get_if_exists()) t->remove_range(lo, hi);

@@ -27,6 +27,7 @@
 #include "socket/stream.h"
 #include "transport/listener.h"
 #include "util/log.h"
+#include "util/owned_fds.h"
 #include "util/stats.h"
 #include "util/clock.h"
 #include "util/sys.h"
@@ -146,8 +147,8 @@ void* thread_main(void*);
 // Under g_mu.
 bool ensure_thread() {
   if (g_started) return true;
-  g_epfd = sys::libc.epoll_create1(EPOLL_CLOEXEC);
-  g_cmd_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  g_epfd = sys::own_fd(sys::libc.epoll_create1(EPOLL_CLOEXEC));
+  g_cmd_fd = sys::own_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (g_epfd < 0 || g_cmd_fd < 0) return false;
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -194,8 +195,13 @@ bool try_match(transport::IncomingRequest& req) {
         wire::RendezvousReply rep{wire::kRendezvousMagic, wire::kRendezvousVersion, {}, st->cookie()};
         auto c = l.listener->accept(std::move(req), std::as_bytes(std::span(&rep, 1)));
         if (!c) {
+          // Rejected with kNoResources. This connection stays on TCP now,
+          // rather than wait out upgrade_timeout_ms for a retry never coming.
           stats::count_handshake_error();
-          return true;  // request consumed (rejected by accept failure)
+          if (c.error() == ENOBUFS) warn_memlock();
+          st->fall_back(c.error() == ENOBUFS ? stats::FallbackReason::kMemlock
+                                             : stats::FallbackReason::kNoResources);
+          return true;  // request consumed
         }
         st->attach_accepted(std::move(*c), rq.cookie);
         poke();
@@ -343,11 +349,12 @@ bool eligible(config::Direction dir, const sockaddr* addr) {
 
 Stream* new_stream(Socket* s, int fd, bool client, const sockaddr_storage& local,
                    const sockaddr_storage& peer) {
-  int dupfd = sys::libc.fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  // Our own reference to the kernel socket, out of the program's fd range.
+  int dupfd = sys::own_fd(sys::libc.fcntl(fd, F_DUPFD_CLOEXEC, 0));
   if (dupfd < 0) return nullptr;
   auto* st = new (std::nothrow) Stream(dupfd, client, local, peer, s->slot());
   if (!st) {
-    sys::libc.close(dupfd);
+    sys::close_owned(dupfd);
     return nullptr;
   }
   std::lock_guard lk(g_mu);
@@ -396,6 +403,13 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
                                                                     : sizeof(sockaddr_in6)));
   if (negative_cache_hit(peer)) {
     stats::set_fallback(s->slot(), stats::FallbackReason::kNegativeCache);
+    return nullptr;
+  }
+  // No rendezvous that would end in the pinned-memory budget anyway (the
+  // peer then sees no request and stays on TCP after upgrade_timeout_ms).
+  if (!transport::pinned::fits(transport::pinned::ring_bytes_for(process_config().tunables.ring_bytes))) {
+    warn_memlock();
+    stats::set_fallback(s->slot(), stats::FallbackReason::kMemlock);
     return nullptr;
   }
   Stream* st = new_stream(s, fd, true, local, peer);

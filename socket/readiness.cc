@@ -18,6 +18,7 @@
 #include "socket/signals.h"
 #include "socket/stream.h"
 #include "util/clock.h"
+#include "util/owned_fds.h"
 #include "util/sys.h"
 
 namespace rsock::socket {
@@ -327,14 +328,14 @@ void monitor(void* arg);
 // nested epfd, nothing worse.
 void ensure_aux(EpollSet* set, int epfd) {
   if (set->shadow >= 0 || epfd < 0) return;
-  int sh = sys::libc.epoll_create1(EPOLL_CLOEXEC);
-  int rf = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  int sh = sys::own_fd(sys::libc.epoll_create1(EPOLL_CLOEXEC));
+  int rf = sys::own_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = g_cookie;
   if (sh < 0 || rf < 0 || sys::libc.epoll_ctl(epfd, EPOLL_CTL_ADD, rf, &ev) != 0) {
-    if (sh >= 0) sys::libc.close(sh);
-    if (rf >= 0) sys::libc.close(rf);
+    sys::close_owned(sh);
+    sys::close_owned(rf);
     return;
   }
   set->shadow = sh;
@@ -914,8 +915,8 @@ void epoll_fd_closed(int fd) {
   set->user_count = 0;
   if (set->shadow >= 0) {
     if (set->watched) progress_unwatch(set->shadow);
-    sys::libc.close(set->shadow);
-    sys::libc.close(set->ready_fd);
+    sys::close_owned(set->shadow);
+    sys::close_owned(set->ready_fd);
     set->shadow = set->ready_fd = -1;
     set->internal_fds = 0;
     set->ready_set = false;

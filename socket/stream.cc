@@ -15,6 +15,7 @@
 #include "socket/process.h"
 #include "socket/rendezvous.h"
 #include "util/log.h"
+#include "util/owned_fds.h"
 #include "util/stats.h"
 #include "util/clock.h"
 #include "util/sys.h"
@@ -61,7 +62,7 @@ Stream::Stream(int tcp_fd, bool client, const sockaddr_storage& local,
                const sockaddr_storage& peer, stats::ConnSlot* slot)
     : tcp_fd_(tcp_fd), client_(client), local_(local), peer_(peer), slot_(slot) {
   g_streams_alive.fetch_add(1, std::memory_order_relaxed);
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  wake_fd_ = sys::own_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   my_cookie_ = random_cookie();
   deadline_ns_ = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
   stats::set_state(slot_, stats::ConnState::kUpgrading);
@@ -75,8 +76,8 @@ Stream::~Stream() {
               (unsigned long long)slot_->traffic.tx_bytes[1].load(),
               (unsigned long long)slot_->traffic.rx_bytes[1].load());
   stats::close_conn(slot_);
-  if (wake_fd_ >= 0) sys::libc.close(wake_fd_);
-  if (tcp_fd_ >= 0) sys::libc.close(tcp_fd_);  // kernel FIN (or RST) now
+  sys::close_owned(wake_fd_);
+  sys::close_owned(tcp_fd_);  // kernel FIN (or RST) now
 }
 
 int Stream::progress_fd() const { return conn_ ? conn_->fd() : -1; }
@@ -118,8 +119,10 @@ void Stream::start_client() {
       reinterpret_cast<const sockaddr*>(&dst), reinterpret_cast<const sockaddr*>(&src),
       std::as_bytes(std::span(&req, 1)), process_config().tunables);
   if (!c) {
+    // No rdma_cm id or address: the device or route is not there.
     mu_.unlock();
-    fall_back(stats::FallbackReason::kResolveFailed);
+    fall_back(c.error() == ENODEV ? stats::FallbackReason::kNoDevice
+                                  : stats::FallbackReason::kResolveFailed);
     mu_.lock();
     return;
   }
@@ -132,7 +135,37 @@ void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64
   peer_cookie_ = peer_cookie;
 }
 
-void Stream::fall_back(stats::FallbackReason reason) {
+std::pair<stats::FallbackReason, bool> setup_fallback(const transport::Connection& c) {
+  using F = transport::Connection::SetupFailure;
+  using R = stats::FallbackReason;
+  switch (c.setup_failure()) {
+    case F::kResolve: return {R::kResolveFailed, true};
+    case F::kMemlock: warn_memlock(); return {R::kMemlock, false};
+    case F::kResources: return {R::kNoResources, false};
+    case F::kNoListener: return {R::kPeerNotRsock, true};
+    case F::kRejected:
+      // The peer ran out of memory or pinned budget: try it again next time.
+      return {R::kRejected, c.reject_reason() != transport::RejectReason::kNoResources};
+    case F::kTimeout: return {R::kTimeout, true};
+    case F::kNone:
+    case F::kConnect: break;
+  }
+  return {R::kConnectFailed, true};
+}
+
+void warn_memlock() {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  uint64_t b = transport::pinned::budget();
+  log::write_line(log::Level::kWarn,
+                  "the pinned-memory limit is reached (librsock uses up to %llu KiB, 3/4 of "
+                  "RLIMIT_MEMLOCK): new connections stay on TCP. Raise it with `ulimit -l` "
+                  "(or LimitMEMLOCK= for a systemd service, memlock in "
+                  "/etc/security/limits.conf)",
+                  (unsigned long long)(b / 1024));
+}
+
+void Stream::fall_back(stats::FallbackReason reason, uint8_t peer_reason) {
   {
     std::lock_guard lk(mu_);
     if (phase() != Phase::kPending) return;  // too late: bytes are committed
@@ -143,7 +176,7 @@ void Stream::fall_back(stats::FallbackReason reason) {
     if (staging_.size() > staging_off_) plain_when_drained_ = true;
     else set_phase(Phase::kPlain);
   }
-  stats::set_fallback(slot_, reason);
+  stats::set_fallback(slot_, reason, peer_reason);
   LOG_DEBUG("fd %d: staying on TCP (%s)", tcp_fd_, stats::fallback_reason_name(reason));
   wake();
 }
@@ -211,12 +244,13 @@ bool Stream::advance_locked(bool full) {
   auto st = full || p != Phase::kRdma ? conn_->progress() : conn_->poll_completions();
   if (!st) {
     if (p == Phase::kPending) {
-      auto reason = conn_->reject_reason() != transport::RejectReason::kNone
-                        ? stats::FallbackReason::kConnectFailed
-                        : stats::FallbackReason::kResolveFailed;
-      negative_cache_add(peer_);
+      auto [reason, cache] = setup_fallback(*conn_);
+      uint8_t peer_reason = static_cast<uint8_t>(conn_->reject_reason());
+      // Only the peer's own answer keeps it off RDMA for a while; a local
+      // shortage (memlock, resources) says nothing about the peer.
+      if (cache) negative_cache_add(peer_);
       mu_.unlock();
-      fall_back(reason);
+      fall_back(reason, peer_reason);
       mu_.lock();
       return true;
     }
@@ -540,7 +574,7 @@ void Stream::orphan() {
     if (conn_ && conn_->established())
       (void)conn_->send_control(uint8_t(wire::Control::kReset), {});
     if (conn_) (void)conn_->close();
-    sys::libc.close(tcp_fd_);  // the last reference: the kernel sends the RST
+    sys::close_owned(tcp_fd_);  // the last reference: the kernel sends the RST
     tcp_fd_ = -1;
     set_phase(Phase::kBroken);
     return;

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <span>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "socket/upgrade_wire.h"
@@ -89,7 +90,8 @@ class Stream {
   void request_start() { start_requested_.store(true, std::memory_order_release); }
   bool take_start_request() { return start_requested_.exchange(false, std::memory_order_acq_rel); }
   void attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie);
-  void fall_back(stats::FallbackReason reason);  // give the socket back to the kernel
+  // Give the socket back to the kernel (peer_reason: see stats::set_fallback).
+  void fall_back(stats::FallbackReason reason, uint8_t peer_reason = 0);
   // Called when the last application fd is gone. Returns true when the
   // stream is finished and may be deleted (else keep calling).
   bool linger_done();
@@ -209,6 +211,12 @@ class Stream {
   bool close_started_ = false;
   uint64_t linger_deadline_ns_ = 0;
 };
+
+// The fallback reason for a connection whose rdma_cm setup failed, and
+// whether the peer goes into the negative cache.
+std::pair<stats::FallbackReason, bool> setup_fallback(const transport::Connection& c);
+// Once per process: the pinned-memory budget is used up (a warning line).
+void warn_memlock();
 
 // Whether this process can use RDMA at all (a verbs device exists); cached.
 bool rdma_available();

@@ -2,11 +2,15 @@
 // The data path is in connection_datapath.cc.
 #include "transport/connection.h"
 
+#include "transport/fds.h"
+
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <sys/epoll.h>
+
+#include <utility>
 #include <sys/mman.h>
 #include <sys/timerfd.h>
 #include <time.h>
@@ -45,18 +49,20 @@ uint32_t round_ring(uint32_t want) {
 }  // namespace
 
 Connection::Connection(const config::Tunables& tun) : tun_(tun) {
-  ring_bytes_ = round_ring(tun.ring_bytes);
+  ring_bytes_ = round_ring(pinned::ring_bytes_for(tun.ring_bytes));
   sq_depth_ = std::clamp<uint32_t>(tun.send_queue_depth, 8, 4096);
   recv_slots_ = std::clamp<uint32_t>(tun.recv_slots, 4, wire::kMaxRecvSlots);
 }
 
 Status<void> Connection::init_fds() {
+  own_device_fds();
   cm_ch_ = rdma_create_event_channel();
   if (cm_ch_ == nullptr) return Err(errno ? errno : ENODEV);
+  own_channel(cm_ch_);
   if (auto s = set_nonblock(cm_ch_->fd); !s) return s;
-  epfd_ = sys::libc.epoll_create1(EPOLL_CLOEXEC);
+  epfd_ = sys::own_fd(sys::libc.epoll_create1(EPOLL_CLOEXEC));
   if (epfd_ < 0) return Err(errno);
-  timerfd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  timerfd_ = sys::own_fd(timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
   if (timerfd_ < 0) return Err(errno);
   for (int f : {cm_ch_->fd, timerfd_}) {
     epoll_event ev{};
@@ -96,6 +102,7 @@ Status<void> Connection::create_resources() {
   if (pd_ == nullptr) return Err(errno ? errno : ENOMEM);
   comp_ch_ = ibv_create_comp_channel(ctx);
   if (comp_ch_ == nullptr) return Err(errno ? errno : ENOMEM);
+  own_channel(comp_ch_);  // before ibv_create_cq hands its number to the kernel
   if (auto s = set_nonblock(comp_ch_->fd); !s) return s;
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -107,6 +114,11 @@ Status<void> Connection::create_resources() {
   rx_map_bytes_ = ring_bytes_;
   tx_map_bytes_ = page_round(size_t{ring_bytes_} + size_t{sq_depth_} * wire::kRecvBufBytes);
   rbuf_map_bytes_ = page_round(size_t{recv_slots_} * wire::kRecvBufBytes);
+  // The process's pinned-memory budget (transport/pinned.h): ENOBUFS tells
+  // the socket layer that this is the memlock limit, not a broken device.
+  uint64_t pin = rx_map_bytes_ + tx_map_bytes_ + rbuf_map_bytes_;
+  if (!pinned::reserve(pin)) return Err(ENOBUFS);
+  pinned_bytes_ = pin;
   rx_ring_ = map_bytes(rx_map_bytes_);
   tx_mem_ = map_bytes(tx_map_bytes_);
   rbufs_ = map_bytes(rbuf_map_bytes_);
@@ -114,7 +126,11 @@ Status<void> Connection::create_resources() {
   rx_mr_ = ibv_reg_mr(pd_, rx_ring_, rx_map_bytes_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   tx_mr_ = ibv_reg_mr(pd_, tx_mem_, tx_map_bytes_, 0);
   rbuf_mr_ = ibv_reg_mr(pd_, rbufs_, rbuf_map_bytes_, IBV_ACCESS_LOCAL_WRITE);
-  if (!rx_mr_ || !tx_mr_ || !rbuf_mr_) return Err(errno ? errno : ENOMEM);
+  if (!rx_mr_ || !tx_mr_ || !rbuf_mr_) {
+    // The kernel's own RLIMIT_MEMLOCK check (the program pinned memory too).
+    if (errno == ENOMEM || errno == EAGAIN || errno == EPERM) return Err(ENOBUFS);
+    return Err(errno ? errno : ENOMEM);
+  }
 
   sig_cover_.assign(sq_depth_, 0);
   ibv_qp_init_attr qa{};
@@ -175,6 +191,7 @@ Status<void> Connection::handle_cm_event(const rdma_cm_event& ev) {
     case RDMA_CM_EVENT_ROUTE_RESOLVED: {
       if (state_ != State::kResolvingRoute) break;
       if (auto s = create_resources(); !s) {
+        setup_failure_ = s.error() == ENOBUFS ? SetupFailure::kMemlock : SetupFailure::kResources;
         fail(s.error());
         break;
       }
@@ -204,6 +221,10 @@ Status<void> Connection::handle_cm_event(const rdma_cm_event& ev) {
       reject_reason_ = wire::parse_reject(ev.param.conn.private_data, ev.param.conn.private_data_len);
       LOG_DEBUG("transport: connect rejected (cm status %d, reason %d)", ev.status,
                 static_cast<int>(reject_reason_));
+      // A reject without our reason comes from the CM itself: nothing
+      // listens on the rdma_cm port, i.e. the peer runs no librsock there.
+      setup_failure_ = reject_reason_ == RejectReason::kNone ? SetupFailure::kNoListener
+                                                             : SetupFailure::kRejected;
       fail(ECONNREFUSED);
       break;
     case RDMA_CM_EVENT_ADDR_ERROR:
@@ -262,6 +283,12 @@ void Connection::on_established(const void* pdata, size_t len) {
 void Connection::fail(int err) {
   if (state_ == State::kError) return;
   if (err == 0) err = ECONNRESET;
+  if (state_ < State::kEstablished && setup_failure_ == SetupFailure::kNone) {
+    if (state_ == State::kResolvingAddr || state_ == State::kResolvingRoute)
+      setup_failure_ = SetupFailure::kResolve;
+    else
+      setup_failure_ = err == ETIMEDOUT ? SetupFailure::kTimeout : SetupFailure::kConnect;
+  }
   LOG_DEBUG("transport: connection qp %u failed: errno %d", qp_num(), err);
   err_ = err;
   state_ = State::kError;
@@ -461,6 +488,7 @@ void Connection::destroy_resources() {
     pd_ = nullptr;
   }
   if (comp_ch_) {
+    disown_channel(comp_ch_);
     ibv_destroy_comp_channel(comp_ch_);
     comp_ch_ = nullptr;
   }
@@ -469,6 +497,7 @@ void Connection::destroy_resources() {
     id_ = nullptr;
   }
   if (cm_ch_) {
+    disown_channel(cm_ch_);
     rdma_destroy_event_channel(cm_ch_);
     cm_ch_ = nullptr;
   }
@@ -476,8 +505,9 @@ void Connection::destroy_resources() {
   if (tx_mem_) munmap(tx_mem_, tx_map_bytes_);
   if (rbufs_) munmap(rbufs_, rbuf_map_bytes_);
   rx_ring_ = tx_mem_ = rbufs_ = nullptr;
+  pinned::release(std::exchange(pinned_bytes_, 0));
   for (int* f : {&timerfd_, &epfd_}) {
-    if (*f >= 0) sys::libc.close(*f);
+    sys::close_owned(*f);
     *f = -1;
   }
 }

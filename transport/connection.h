@@ -27,6 +27,7 @@
 
 #include "config/tunables.h"
 #include "transport/ring.h"
+#include "transport/pinned.h"
 #include "transport/wire.h"
 #include "util/status.h"
 
@@ -96,6 +97,19 @@ class Connection {
   bool connecting() const { return state_ < State::kEstablished; }
   int error() const { return err_; }
   RejectReason reject_reason() const { return reject_reason_; }
+  // Why connection setup failed (kNone while it has not), for the socket
+  // layer's fallback reason and its negative cache.
+  enum class SetupFailure : uint8_t {
+    kNone,
+    kResolve,     // address or route resolution failed or timed out
+    kMemlock,     // pinned-memory budget or RLIMIT_MEMLOCK (local)
+    kResources,   // PD/CQ/QP/fd creation failed (local)
+    kNoListener,  // the CM rejected: nothing listens on the peer's rdma_cm port
+    kRejected,    // the peer's librsock rejected: reject_reason() says why
+    kTimeout,     // no answer to the connect within connect_timeout_ms
+    kConnect,     // any other connect error (unreachable, connect error)
+  };
+  SetupFailure setup_failure() const { return setup_failure_; }
 
   // Copies as much as peer credit and the send ring allow; EAGAIN if nothing.
   // EPIPE after shutdown_write() or once the peer closed, the error otherwise.
@@ -185,6 +199,8 @@ class Connection {
   State state_ = State::kIdle;
   int err_ = 0;
   RejectReason reject_reason_ = RejectReason::kNone;
+  SetupFailure setup_failure_ = SetupFailure::kNone;
+  uint64_t pinned_bytes_ = 0;  // taken from the pinned-memory budget
 
   // verbs/cm objects, all owned; destroy_resources() releases each once.
   rdma_event_channel* cm_ch_ = nullptr;

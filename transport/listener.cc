@@ -1,6 +1,8 @@
 // Passive side of connection setup: listen, validate requests, accept/reject.
 #include "transport/listener.h"
 
+#include "transport/fds.h"
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
@@ -57,8 +59,10 @@ Status<std::unique_ptr<Listener>> Listener::listen(const sockaddr* addr, const c
                                                    int backlog) {
   std::unique_ptr<Listener> l(new (std::nothrow) Listener(tun));
   if (!l) return Err(ENOMEM);
+  own_device_fds();
   l->ch_ = rdma_create_event_channel();
   if (l->ch_ == nullptr) return Err(errno ? errno : ENODEV);
+  own_channel(l->ch_);
   int fl = sys::libc.fcntl(l->ch_->fd, F_GETFL);
   if (fl < 0 || sys::libc.fcntl(l->ch_->fd, F_SETFL, fl | O_NONBLOCK) < 0) return Err(errno);
   if (rdma_create_id(l->ch_, &l->id_, l.get(), RDMA_PS_TCP) != 0) return Err(errno);
@@ -69,7 +73,10 @@ Status<std::unique_ptr<Listener>> Listener::listen(const sockaddr* addr, const c
 
 Listener::~Listener() {
   if (id_) rdma_destroy_id(id_);
-  if (ch_) rdma_destroy_event_channel(ch_);
+  if (ch_) {
+    disown_channel(ch_);
+    rdma_destroy_event_channel(ch_);
+  }
 }
 
 int Listener::fd() const { return ch_->fd; }

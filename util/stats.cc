@@ -426,7 +426,7 @@ void set_upgraded(ConnSlot* s, uint32_t qp_num) {
   write_end(s);
 }
 
-void set_fallback(ConnSlot* s, FallbackReason reason) {
+void set_fallback(ConnSlot* s, FallbackReason reason, uint8_t peer_reason) {
   auto r = static_cast<unsigned>(reason);
   if (r >= kFallbackReasons) r = static_cast<unsigned>(FallbackReason::kOther);
   if (ProcessCounters* pc = counters()) pc->fallbacks[r].fetch_add(1, std::memory_order_relaxed);
@@ -435,6 +435,7 @@ void set_fallback(ConnSlot* s, FallbackReason reason) {
   s->info.transport = static_cast<uint8_t>(Transport::kTcp);
   s->info.state = static_cast<uint8_t>(ConnState::kEstablished);
   s->info.fallback_reason = static_cast<uint8_t>(r);
+  s->info.peer_reason = peer_reason;
   s->info.qp_num = 0;
   write_end(s);
 }

@@ -63,7 +63,8 @@ void set_addresses(ConnSlot* slot, const sockaddr* local, const sockaddr* peer);
 void set_upgraded(ConnSlot* slot, uint32_t qp_num);
 // Staying on (or back to) TCP: transport = kTcp, state = kEstablished; counts
 // fallbacks[reason] (slot may be null: counted all the same).
-void set_fallback(ConnSlot* slot, FallbackReason reason);
+// peer_reason: with kRejected, the peer's wire::RejectReason (shown by rsock-stat).
+void set_fallback(ConnSlot* slot, FallbackReason reason, uint8_t peer_reason = 0);
 void count_handshake_error();
 
 // Where segments live: $RSOCK_STATS_DIR or /dev/shm/librsock.

@@ -30,11 +30,17 @@ const char* direction_name(Direction d) { return d == Direction::kServer ? "serv
 
 const char* fallback_reason_name(FallbackReason r) {
   static const char* const kNames[kFallbackReasons] = {
-      "none",           "policy",  "peer_not_rsock", "no_device",   "resolve_failed",
-      "connect_failed", "timeout", "negative_cache", "resources",   "protocol",
-      "unsupported",    "peer_closed", "forked",      "other"};
+      "none",     "policy",      "peer_not_rsock", "no_device", "resolve_failed", "rejected",
+      "timeout",  "negative_cache", "no_resources", "protocol", "unsupported",   "peer_closed",
+      "forked",   "other",       "memlock",        "connect_failed"};
   auto i = static_cast<unsigned>(r);
   return i < kFallbackReasons ? kNames[i] : "unknown";
+}
+
+const char* peer_reason_name(uint8_t r) {
+  static const char* const kNames[] = {"none",         "bad_magic", "bad_version", "bad_setup",
+                                       "no_resources", "refused",   "timeout"};
+  return r < sizeof kNames / sizeof kNames[0] ? kNames[r] : "unknown";
 }
 
 namespace files {

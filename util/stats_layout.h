@@ -18,7 +18,9 @@ namespace rsock::stats {
 // "RSOCKST" + NUL, little-endian. Written last, with release order, once the
 // rest of the header is valid: a reader that sees 0 skips a file in creation.
 constexpr uint64_t kMagic = 0x0054534b434f5352ull;
-constexpr uint32_t kLayoutVersion = 2;  // 2: fallback reason kForked
+// 2: fallback reason kForked; 3: kRejected (was kConnectFailed, with the
+// peer's reason in SlotInfo::peer_reason), kNoResources, kMemlock, kConnectFailed
+constexpr uint32_t kLayoutVersion = 3;
 constexpr uint32_t kInitialSlots = 64;
 constexpr uint32_t kMaxFiles = 20;  // main + 19 extensions, doubling: ~33M slots
 
@@ -39,25 +41,30 @@ enum class Direction : uint8_t { kClient = 0, kServer = 1 };
 enum class FallbackReason : uint8_t {
   kNone = 0,
   kPolicy = 1,          // config rule or default said tcp
-  kPeerNotRsock = 2,    // peer did not answer the rendezvous (plain TCP peer)
+  kPeerNotRsock = 2,    // peer has no librsock: no rendezvous request came, or
+                        // nothing listens on its rdma_cm port
   kNoDevice = 3,        // no RDMA device / address not on an RDMA netdev
-  kResolveFailed = 4,   // rdma_resolve_addr/route failed or timed out
-  kConnectFailed = 5,   // rdma_connect rejected or timed out
-  kTimeout = 6,         // whole upgrade exceeded upgrade_timeout_ms
+  kResolveFailed = 4,   // rdma_resolve_addr/route failed or timed out (only those)
+  kRejected = 5,        // the peer's librsock rejected (SlotInfo::peer_reason: why)
+  kTimeout = 6,         // whole upgrade, or the rdma_cm connect, timed out
   kNegativeCache = 7,   // peer failed recently; not retried yet
-  kResources = 8,       // QP/CQ/memory registration failed
+  kNoResources = 8,     // local PD/CQ/QP/fd creation failed
   kProtocol = 9,        // unexpected rendezvous message / version
   kUnsupported = 10,    // app used something RDMA path cannot do (e.g. MSG_OOB)
   kPeerClosed = 11,     // peer went away during the upgrade
   kForked = 12,         // fork() while the upgrade was pending: two processes own the fd
   kOther = 13,
+  kMemlock = 14,        // the pinned-memory budget (RLIMIT_MEMLOCK) is used up
+  kConnectFailed = 15,  // rdma_connect failed otherwise (unreachable, connect error)
 };
-constexpr int kFallbackReasons = 14;
+constexpr int kFallbackReasons = 16;
 
 const char* transport_name(Transport t);
 const char* state_name(ConnState s);
 const char* direction_name(Direction d);
 const char* fallback_reason_name(FallbackReason r);
+// SlotInfo::peer_reason (the values of transport's wire::RejectReason).
+const char* peer_reason_name(uint8_t r);
 
 // Byte/op counters, indexed by Transport. Relaxed atomics: each is written by
 // the thread that does the I/O, read at any time by rsock-stat.
@@ -90,7 +97,8 @@ struct SlotInfo {
   uint8_t fallback_reason;    // FallbackReason
   uint8_t direction;          // Direction
   uint8_t family;             // 4 or 6 (0: unknown)
-  uint8_t pad0[3];
+  uint8_t peer_reason;        // with kRejected: the peer's wire::RejectReason
+  uint8_t pad0[2];
   uint8_t local_addr[16];     // IPv4 in the first 4 bytes
   uint8_t peer_addr[16];
   uint16_t local_port;        // host order

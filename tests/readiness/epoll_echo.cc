@@ -8,6 +8,10 @@
 // livelock while harvesting its internal fds.
 //
 //   rsock_epoll_echo IP [--conns N] [--bytes B] [--et] [--await-rdma] [--oneshot]
+//                       [--await-settled]
+// --await-settled: wait until no socket is still upgrading, print
+// "transport: rdma=X tcp=Y" and go on (for tests that expect some to stay
+// on TCP, e.g. at the pinned-memory limit).
 // Exit 0 and "ok N" when every client got its bytes back; 1 otherwise; 77
 // with --await-rdma when not preloaded (nothing to await).
 #include <arpa/inet.h>
@@ -80,7 +84,7 @@ int main(int argc, char** argv) {
   const char* ip = argv[1];
   int conns = 50;
   size_t bytes = 200000;
-  bool et = false, await_rdma = false, oneshot = false;
+  bool et = false, await_rdma = false, oneshot = false, await_settled = false;
   for (int i = 2; i < argc; i++) {
     std::string a = argv[i];
     if (a == "--conns" && i + 1 < argc) conns = atoi(argv[++i]);
@@ -88,6 +92,7 @@ int main(int argc, char** argv) {
     else if (a == "--et") et = true;
     else if (a == "--oneshot") oneshot = true;
     else if (a == "--await-rdma") await_rdma = true;
+    else if (a == "--await-settled") await_settled = true;
     else {
       fprintf(stderr, "epoll_echo: unknown argument %s\n", a.c_str());
       return 2;
@@ -141,6 +146,24 @@ int main(int argc, char** argv) {
       }
       usleep(20000);
     }
+  }
+  if (await_settled) {
+    double end = now_s() + 120;
+    int rdma = 0, tcp = 0;
+    for (;;) {
+      rdma = tcp = 0;
+      int busy = 0;
+      for (auto& c : cs) {
+        int t = transport(c.fd);
+        rdma += t == RSOCK_TRANSPORT_RDMA;
+        tcp += t == RSOCK_TRANSPORT_TCP || t < 0;
+        busy += t == RSOCK_TRANSPORT_UPGRADING;
+      }
+      if (!busy || now_s() > end) break;
+      usleep(20000);
+    }
+    printf("transport: rdma=%d tcp=%d\n", rdma, tcp);
+    fflush(stdout);
   }
   int ep = epoll_create1(EPOLL_CLOEXEC);
   if (ep < 0) die("epoll_create1");

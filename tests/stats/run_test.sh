@@ -98,7 +98,7 @@ expect "corrupt: clean message" "$E" "not a librsock stats segment (bad magic)"
 E=$("$STAT" -p "$SLEEPER" 2>&1)
 rc=$?
 [[ $rc == 2 ]] && ok "wrong version: exit 2" || bad "wrong version: exit $rc"
-expect "wrong version: clean message" "$E" "layout version 99, this rsock-stat reads version 2"
+expect "wrong version: clean message" "$E" "layout version 99, this rsock-stat reads version 3"
 T=$("$STAT" 2>&1)
 rc=$?
 [[ $rc == 0 ]] && ok "list with a bad segment: exit 0" || bad "list with a bad segment: exit $rc"

@@ -43,8 +43,14 @@ const char* transport_of(const ConnSnapshot& c) {
 const char* state_of(const ConnSnapshot& c) {
   return rsock::stats::state_name(static_cast<ConnState>(c.info.state));
 }
+// "rejected:no_resources" when the peer said why.
 const char* reason_of(const ConnSnapshot& c) {
-  return rsock::stats::fallback_reason_name(static_cast<FallbackReason>(c.info.fallback_reason));
+  auto r = static_cast<FallbackReason>(c.info.fallback_reason);
+  const char* name = rsock::stats::fallback_reason_name(r);
+  if (r != FallbackReason::kRejected || c.info.peer_reason == 0) return name;
+  static thread_local char buf[64];
+  snprintf(buf, sizeof buf, "%s:%s", name, rsock::stats::peer_reason_name(c.info.peer_reason));
+  return buf;
 }
 const char* dir_of(const ConnSnapshot& c) {
   return rsock::stats::direction_name(static_cast<Direction>(c.info.direction));

@@ -1,0 +1,106 @@
+// fd numbers: a program under librsock gets the numbers it would get without
+// it. The kernel hands out the lowest free number, so this holds exactly when
+// none of librsock's own fds (per upgraded connection: event channels, timer,
+// epoll, eventfd, a reference to the TCP socket; per process: device and
+// progress fds) sits in the program's part of the fd space. Over rxe
+// (upgrade.conformance) every pair below is on RDMA before the check.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+#include <vector>
+
+#include "helpers.h"
+
+using namespace conf;
+
+namespace {
+
+// Everything below the upper half of the fd space (librsock keeps its fds
+// up there, util/owned_fds.h).
+int program_range() {
+  rlimit rl{};
+  long top = 65536;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) top = std::min<long>(top, long(rl.rlim_cur));
+  return int(top / 2);
+}
+
+std::set<int> open_below(int limit) {
+  std::set<int> s;
+  for (int fd = 0; fd < limit; fd++)
+    if (fcntl(fd, F_GETFD) >= 0) s.insert(fd);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("fd numbers: no fd of the program's range is taken by anyone but the program") {
+  int range = program_range();
+  std::set<int> before = open_below(range);
+  std::vector<Fd> mine;
+  std::set<int> got;
+  auto take = [&](int fd) {
+    REQUIRE_MESSAGE(fd >= 0, "allocation failed: " << errno);
+    got.insert(fd);
+    mine.emplace_back(fd);
+    return fd;
+  };
+  std::vector<Pair> pairs;
+  for (int i = 0; i < 3; i++) {
+    pairs.push_back(connected_pair());  // upgraded at both ends over rxe
+    got.insert(pairs.back().client.get());
+    got.insert(pairs.back().server.get());
+  }
+  int p[2];
+  REQUIRE(pipe(p) == 0);
+  take(p[0]);
+  take(p[1]);
+  take(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  take(eventfd(0, EFD_CLOEXEC));
+  int ep = take(epoll_create1(EPOLL_CLOEXEC));
+  for (auto& pr : pairs) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLOUT;
+    ev.data.fd = pr.client.get();
+    REQUIRE(epoll_ctl(ep, EPOLL_CTL_ADD, pr.client.get(), &ev) == 0);
+  }
+  epoll_event evs[8];
+  CHECK(epoll_wait(ep, evs, 8, 0) >= 3);  // writable: emulated sets are built by now
+  take(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  pairs.push_back(connected_pair());
+  got.insert(pairs.back().client.get());
+  got.insert(pairs.back().server.get());
+
+  std::set<int> now = open_below(range);
+  std::vector<int> foreign;
+  for (int fd : now)
+    if (!before.count(fd) && !got.count(fd)) foreign.push_back(fd);
+  std::string list;
+  for (int fd : foreign) list += " " + std::to_string(fd);
+  CHECK_MESSAGE(foreign.empty(), "fds below " << range << " the program did not open:" << list);
+}
+
+TEST_CASE("fd numbers: closing every fd the program did not open leaves its connections working") {
+  Pair pr = connected_pair();  // upgraded over rxe
+  // A daemon's "close everything above what I opened": close_range to the
+  // end of the fd space, and close() one by one over the program's range.
+  std::set<int> mine = open_below(program_range());
+  int top = *mine.rbegin();
+  REQUIRE(close_range(unsigned(top) + 1, ~0u, 0) == 0);
+  for (int fd = top + 1; fd < 4096; fd++) close(fd);
+  const char msg[] = "still here";
+  REQUIRE(write(pr.client, msg, sizeof msg) == ssize_t(sizeof msg));
+  char buf[sizeof msg] = {};
+  size_t n = 0;
+  while (n < sizeof msg) {
+    ssize_t r = read(pr.server, buf + n, sizeof msg - n);
+    REQUIRE(r > 0);
+    n += size_t(r);
+  }
+  CHECK(std::string(buf) == msg);
+}

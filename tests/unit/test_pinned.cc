@@ -1,0 +1,38 @@
+// The pinned-memory budget (transport/pinned.h): what an ordinary user's
+// 8 MiB RLIMIT_MEMLOCK allows, and that the budget is never overdrawn.
+#include <doctest/doctest.h>
+
+#include "transport/pinned.h"
+
+using namespace rsock::transport;
+
+TEST_CASE("pinned: an 8 MiB memlock limit fits 128 upgraded sockets with 16 KiB rings") {
+  pinned::set_limit_for_tests(8u << 20);
+  CHECK(pinned::budget() == 6u << 20);  // a quarter stays the program's
+  uint32_t ring = pinned::ring_bytes_for(512 * 1024);
+  CHECK(ring == 16 * 1024);
+  uint64_t per = pinned::connection_bytes(ring, 128, 64);
+  CHECK(per <= 48 * 1024);  // the per-idle-connection target of issue 11
+  uint64_t base = pinned::in_use();
+  int n = 0;
+  while (pinned::fits(ring) && pinned::reserve(per)) n++;
+  CHECK(n >= 128);
+  CHECK(pinned::in_use() <= pinned::budget());
+  CHECK_FALSE(pinned::reserve(per));
+  CHECK_FALSE(pinned::fits(ring));
+  pinned::release(per * uint64_t(n));
+  CHECK(pinned::in_use() == base);
+  CHECK(pinned::fits(ring));
+}
+
+TEST_CASE("pinned: the configured ring size without a limit, a smaller one under a larger limit") {
+  pinned::set_limit_for_tests(pinned::kUnlimited);
+  CHECK(pinned::budget() == pinned::kUnlimited);
+  CHECK(pinned::ring_bytes_for(512 * 1024) == 512 * 1024);
+  CHECK(pinned::reserve(uint64_t{1} << 40));
+  pinned::release(uint64_t{1} << 40);
+  pinned::set_limit_for_tests(64u << 20);  // 48 MiB budget: 96 KiB per ring -> 64 KiB
+  CHECK(pinned::ring_bytes_for(512 * 1024) == 64 * 1024);
+  CHECK(pinned::ring_bytes_for(32 * 1024) == 32 * 1024);  // never above the configured size
+  pinned::set_limit_for_tests(pinned::kUnlimited);
+}

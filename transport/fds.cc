@@ -1,0 +1,21 @@
+#include "transport/fds.h"
+
+#include <mutex>
+
+namespace rsock::transport {
+
+void own_device_fds() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int n = 0;
+    ibv_context** ctxs = rdma_get_devices(&n);
+    if (!ctxs) return;
+    for (int i = 0; i < n; i++) {
+      ctxs[i]->cmd_fd = sys::own_fd(ctxs[i]->cmd_fd);
+      ctxs[i]->async_fd = sys::own_fd(ctxs[i]->async_fd);
+    }
+    rdma_free_devices(ctxs);
+  });
+}
+
+}  // namespace rsock::transport

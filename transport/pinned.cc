@@ -1,0 +1,89 @@
+#include "transport/pinned.h"
+
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+
+#include "transport/wire.h"
+
+namespace rsock::transport::pinned {
+
+namespace {
+
+constexpr uint64_t kNotRead = UINT64_MAX - 1;
+std::atomic<uint64_t> g_budget{kNotRead};
+std::atomic<uint64_t> g_in_use{0};
+
+bool has_ipc_lock() {
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct d[2]{};
+  if (syscall(SYS_capget, &h, d) != 0) return false;
+  return d[CAP_IPC_LOCK / 32].effective & (1u << (CAP_IPC_LOCK % 32));
+}
+
+uint64_t budget_of(uint64_t limit) {
+  if (limit == kUnlimited) return kUnlimited;
+  return limit / 4 * 3;  // a quarter stays the program's own
+}
+
+uint64_t page_round(uint64_t n) { return (n + 4095) & ~uint64_t{4095}; }
+
+}  // namespace
+
+uint64_t budget() {
+  uint64_t b = g_budget.load(std::memory_order_acquire);
+  if (b != kNotRead) return b;
+  rlimit rl{};
+  uint64_t limit = kUnlimited;
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && !has_ipc_lock())
+    limit = rl.rlim_cur;
+  b = budget_of(limit);
+  g_budget.store(b, std::memory_order_release);
+  return b;
+}
+
+uint64_t in_use() { return g_in_use.load(std::memory_order_relaxed); }
+
+bool reserve(uint64_t bytes) {
+  uint64_t b = budget();
+  uint64_t cur = g_in_use.load(std::memory_order_relaxed);
+  do {
+    if (b != kUnlimited && (cur > b || bytes > b - cur)) return false;
+  } while (!g_in_use.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+void release(uint64_t bytes) { g_in_use.fetch_sub(bytes, std::memory_order_relaxed); }
+
+uint64_t connection_bytes(uint32_t ring_bytes, uint32_t sq_depth, uint32_t recv_slots) {
+  return page_round(ring_bytes) + page_round(uint64_t{ring_bytes} + uint64_t{sq_depth} * wire::kRecvBufBytes) +
+         page_round(uint64_t{recv_slots} * wire::kRecvBufBytes);
+}
+
+bool fits(uint32_t ring_bytes) {
+  uint64_t b = budget();
+  if (b == kUnlimited) return true;
+  // Sized with the default queue depths: a pre-check, the real reservation
+  // happens when the connection registers its memory.
+  uint64_t need = connection_bytes(ring_bytes, 128, 64);
+  uint64_t cur = in_use();
+  return cur <= b && need <= b - cur;
+}
+
+uint32_t ring_bytes_for(uint32_t configured) {
+  uint64_t b = budget();
+  if (b == kUnlimited) return configured;
+  constexpr uint64_t kMin = 16 * 1024;
+  uint64_t per_conn = b / 256 / 2;  // two rings per connection
+  uint64_t ring = per_conn >= kMin ? std::bit_floor(per_conn) : kMin;
+  return uint32_t(std::min<uint64_t>(configured, ring));
+}
+
+void set_limit_for_tests(uint64_t limit) { g_budget.store(budget_of(limit), std::memory_order_release); }
+
+}  // namespace rsock::transport::pinned

@@ -1,0 +1,40 @@
+// The process's budget of pinned (registered) memory.
+//
+// Every upgraded connection registers its rings with the RDMA device, and
+// the kernel counts registered pages against RLIMIT_MEMLOCK (8 MiB for an
+// ordinary user on Debian) unless the process has CAP_IPC_LOCK. Without a
+// budget the first few connections pin it all, the next ones fail deep in
+// rdma_cm setup, and the program's own mlock() may fail too. So librsock
+// keeps its own account: three quarters of the soft limit (the rest stays
+// the program's), sized rings so that a few hundred connections fit, and a
+// connection that would exceed it stays on TCP (fallback reason `memlock`).
+#pragma once
+
+#include <cstdint>
+
+namespace rsock::transport::pinned {
+
+constexpr uint64_t kUnlimited = UINT64_MAX;
+
+// librsock's share of RLIMIT_MEMLOCK (kUnlimited when the limit is infinite
+// or the process has CAP_IPC_LOCK). Read once, at the first use.
+uint64_t budget();
+uint64_t in_use();
+// Takes `bytes` from the budget; false (and nothing taken) when it does not fit.
+bool reserve(uint64_t bytes);
+void release(uint64_t bytes);
+// Whether a connection with rings of `ring_bytes` would fit now.
+bool fits(uint32_t ring_bytes);
+// The ring size a new connection uses: the configured one, or under a
+// finite budget the largest power of two (at least 16 KiB) that lets 256
+// connections fit, whichever is smaller.
+uint32_t ring_bytes_for(uint32_t configured);
+// Pinned bytes of one connection with rings of `ring_bytes` (both rings plus
+// its send and receive buffers, page-rounded), as Connection registers them.
+uint64_t connection_bytes(uint32_t ring_bytes, uint32_t sq_depth, uint32_t recv_slots);
+
+// Tests: forget the budget read so far and use `limit` as RLIMIT_MEMLOCK
+// (kUnlimited for none); in_use() is kept.
+void set_limit_for_tests(uint64_t limit);
+
+}  // namespace rsock::transport::pinned

@@ -1,0 +1,70 @@
+#include "util/owned_fds.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+
+#include "util/sys.h"
+
+namespace rsock::sys {
+
+namespace {
+
+// One bit per fd below kOwnedFdTop (8 KiB); an fd at or above it (a program
+// whose fds already reach that high) is owned but not protected.
+std::atomic<uint64_t> g_bits[kOwnedFdTop / 64];
+std::atomic<int> g_count{0};
+
+void mark(int fd, bool on) {
+  if (fd < 0 || fd >= kOwnedFdTop) return;
+  uint64_t bit = uint64_t{1} << (fd % 64);
+  uint64_t old = on ? g_bits[fd / 64].fetch_or(bit, std::memory_order_acq_rel)
+                    : g_bits[fd / 64].fetch_and(~bit, std::memory_order_acq_rel);
+  if (on && !(old & bit)) g_count.fetch_add(1, std::memory_order_relaxed);
+  if (!on && (old & bit)) g_count.fetch_sub(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+int own_fd(int fd) {
+  if (fd < 0) return fd;
+  rlimit rl{};
+  long top = kOwnedFdTop;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && long(rl.rlim_cur) < top)
+    top = long(rl.rlim_cur);
+  int saved = errno;
+  for (long band = 64; band <= top / 2; band *= 2) {
+    if (fd >= top - band) break;  // already up there
+    int nfd = libc.fcntl(fd, F_DUPFD_CLOEXEC, top - band);
+    if (nfd >= 0) {
+      libc.close(fd);
+      fd = nfd;
+      break;
+    }
+    if (errno != EMFILE) break;  // EINVAL: the limit moved under us
+  }
+  errno = saved;
+  mark(fd, true);
+  return fd;
+}
+
+void disown_fd(int fd) { mark(fd, false); }
+
+bool owned_fd(int fd) {
+  if (fd < 0 || fd >= kOwnedFdTop) return false;
+  return g_bits[fd / 64].load(std::memory_order_acquire) & (uint64_t{1} << (fd % 64));
+}
+
+void close_owned(int fd) {
+  if (fd < 0) return;
+  disown_fd(fd);
+  libc.close(fd);
+}
+
+int owned_fd_count() { return g_count.load(std::memory_order_relaxed); }
+
+}  // namespace rsock::sys
