@@ -229,12 +229,11 @@ struct Reg {
   // loops (redis's ae, libevent) delete and re-add a socket per request, and
   // a re-ADD of the same socket revives it without a syscall.
   bool parked = false;
-  // Internal fds, in the shadow instance under `id`: the stream's wake and
-  // connection fds, and its TCP socket (edge-triggered) while data may still
-  // come that way (rendezvous, switch).
-  // Their epoll data is this Reg's address | kind: a Reg outlives its
-  // shadow entries (drop() deletes them first), so a harvested event always
-  // names a live Reg.
+  // Internal fds, in the shadow instance (edge-triggered): the stream's wake
+  // and connection fds, and its TCP socket while data may still come that
+  // way (rendezvous, switch). Their epoll data is this Reg's address | kind:
+  // a Reg outlives its shadow entries (drop() deletes them first), so a
+  // harvested event always names a live Reg.
   int wake_fd = -1, conn_fd = -1, tcp_fd = -1;
   bool dirty = true;      // an internal fd fired, or new/modified: evaluate
   bool dirty_all = true;  // evaluate with every syscall (new, modified, refreshed)

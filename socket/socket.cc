@@ -93,7 +93,13 @@ static constinit SocketPool g_pool;
 void Socket::open_stats(int fd, stats::Direction dir, const sockaddr* peer, bool established) {
   fd_ = fd;
   if (slot_) return;  // connect() called again on the same socket
-  slot_ = stats::open_conn(fd, dir, nullptr, peer);
+  // The kernel binds the local address at connect(), also one still in
+  // progress: show it from the start, not 0.0.0.0:0 until established.
+  sockaddr_storage local{};
+  socklen_t llen = sizeof local;
+  bool have_local =
+      !established && sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0;
+  slot_ = stats::open_conn(fd, dir, have_local ? reinterpret_cast<sockaddr*>(&local) : nullptr, peer);
   if (established) mark_established();
   else stats::set_state(slot_, stats::ConnState::kConnecting);
 }
