@@ -369,6 +369,17 @@ Stream* new_stream(Socket* s, int fd, bool client, const sockaddr_storage& local
 
 }  // namespace
 
+sockaddr_storage cm_address(const sockaddr_storage& a) {
+  auto* s6 = reinterpret_cast<const sockaddr_in6*>(&a);
+  if (a.ss_family != AF_INET6 || !IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) return a;
+  sockaddr_storage out{};
+  auto* s4 = reinterpret_cast<sockaddr_in*>(&out);
+  s4->sin_family = AF_INET;
+  s4->sin_port = s6->sin6_port;
+  std::memcpy(&s4->sin_addr, &s6->sin6_addr.s6_addr[12], 4);
+  return out;
+}
+
 std::vector<NegativeEntry> g_negative;
 
 // The negative cache has its own lock: streams record failures while holding
@@ -467,10 +478,18 @@ void listener_started(Socket* s, int fd) {
     drop_listener(i);
     break;
   }
-  sockaddr_storage raddr = local;
+  sockaddr_storage raddr = cm_address(local);
   reinterpret_cast<sockaddr_in*>(&raddr)->sin_port =
       htons(static_cast<uint16_t>(port + process_config().tunables.port_offset));
-  auto l = transport::Listener::listen(reinterpret_cast<sockaddr*>(&raddr), process_config().tunables);
+  // An AF_INET6 wildcard serves IPv4 clients too unless the socket is
+  // IPV6_V6ONLY: the rdma_cm listener then takes IPv6 requests only.
+  int v6only = 0;
+  socklen_t vl = sizeof v6only;
+  if (raddr.ss_family == AF_INET6 &&
+      sys::libc.getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &vl) != 0)
+    v6only = 0;
+  auto l = transport::Listener::listen(reinterpret_cast<sockaddr*>(&raddr), process_config().tunables,
+                                       1024, v6only != 0);
   if (!l) {
     LOG_INFO("no rdma_cm listener for TCP port %u (%s): its connections stay on TCP", port,
              strerror(l.error()));

@@ -25,6 +25,12 @@ void listener_started(Socket* s, int fd);
 // (if any) to the progress thread for an orderly close.
 void socket_released(Socket* s);
 
+// The one rule for addresses handed to rdma_cm: an IPv4-mapped IPv6 address
+// (::ffff:a.b.c.d, as dual-stack sockets name IPv4 peers) becomes the plain
+// AF_INET address with the same port; rdma_cm binds and resolves IPv4 only
+// in that form. Anything else is returned unchanged.
+sockaddr_storage cm_address(const sockaddr_storage& a);
+
 // Peers that refused or did not answer, skipped for negative_cache_ttl_s.
 bool negative_cache_hit(const sockaddr_storage& peer);
 void negative_cache_add(const sockaddr_storage& peer);

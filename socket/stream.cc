@@ -107,13 +107,13 @@ void Stream::start_client() {
   req.client_port = reinterpret_cast<const sockaddr_in*>(&local_)->sin_port;  // same offset in v6
   req.server_port = reinterpret_cast<const sockaddr_in*>(&peer_)->sin_port;
   req.cookie = my_cookie_;
-  sockaddr_storage dst = peer_;
+  sockaddr_storage dst = cm_address(peer_);
   uint16_t port = ntohs(req.server_port);
   uint16_t rport = static_cast<uint16_t>(port + process_config().tunables.port_offset);
   reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(rport);
   // Bind the rdma_cm source to the TCP source address: the server checks that
   // both come from the same IP.
-  sockaddr_storage src = local_;
+  sockaddr_storage src = cm_address(local_);
   reinterpret_cast<sockaddr_in*>(&src)->sin_port = 0;
   auto c = transport::Connection::connect(
       reinterpret_cast<const sockaddr*>(&dst), reinterpret_cast<const sockaddr*>(&src),

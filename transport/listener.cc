@@ -56,7 +56,7 @@ const sockaddr* IncomingRequest::local_addr() const {
 }
 
 Status<std::unique_ptr<Listener>> Listener::listen(const sockaddr* addr, const config::Tunables& tun,
-                                                   int backlog) {
+                                                   int backlog, bool v6only) {
   std::unique_ptr<Listener> l(new (std::nothrow) Listener(tun));
   if (!l) return Err(ENOMEM);
   own_device_fds();
@@ -66,6 +66,12 @@ Status<std::unique_ptr<Listener>> Listener::listen(const sockaddr* addr, const c
   int fl = sys::libc.fcntl(l->ch_->fd, F_GETFL);
   if (fl < 0 || sys::libc.fcntl(l->ch_->fd, F_SETFL, fl | O_NONBLOCK) < 0) return Err(errno);
   if (rdma_create_id(l->ch_, &l->id_, l.get(), RDMA_PS_TCP) != 0) return Err(errno);
+  if (addr->sa_family == AF_INET6) {
+    // Explicit, not the system's net.ipv6.bindv6only: like the TCP socket.
+    int afonly = v6only ? 1 : 0;
+    if (rdma_set_option(l->id_, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &afonly, sizeof afonly) != 0)
+      return Err(errno);
+  }
   if (rdma_bind_addr(l->id_, const_cast<sockaddr*>(addr)) != 0) return Err(errno);
   if (rdma_listen(l->id_, backlog) != 0) return Err(errno);
   return l;

@@ -45,8 +45,10 @@ class IncomingRequest {
 
 class Listener {
  public:
+  // v6only: an AF_INET6 address serves IPv6 requests only (as the TCP
+  // socket's IPV6_V6ONLY); otherwise a `::` listener takes IPv4 ones too.
   static Status<std::unique_ptr<Listener>> listen(const sockaddr* addr, const config::Tunables& tun,
-                                                  int backlog = 1024);
+                                                  int backlog = 1024, bool v6only = false);
   ~Listener();
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;

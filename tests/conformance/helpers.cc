@@ -100,6 +100,8 @@ int transport_of(int fd) {
   return t;
 }
 
+}  // namespace
+
 // Both ends on RDMA, or a failed REQUIRE saying where each end got stuck.
 void await_rdma(const Pair& p) {
   int64_t deadline = now_ms() + 20000;  // the rendezvous is slow under TCG
@@ -115,8 +117,6 @@ void await_rdma(const Pair& p) {
   FAIL("RSOCK_CONF_EXPECT_RDMA: the pair did not upgrade (transport client "
        << tc << ", server " << ts << "; 0 tcp, 1 upgrading, 2 rdma, 3 broken, <0 -errno)");
 }
-
-}  // namespace
 
 Pair connected_pair(int family, bool await_upgrade) {
   Listener l = make_listener(family);

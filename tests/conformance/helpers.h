@@ -80,6 +80,8 @@ struct Pair {
 Pair connected_pair(int family = AF_INET, bool await_upgrade = true);
 // Whether RSOCK_CONF_EXPECT_RDMA=1 is set.
 bool expect_rdma();
+// With expect_rdma(): both ends of p reach RDMA, or the case fails.
+void await_rdma(const Pair& p);
 
 // A TCP socket bound to a port of test_ipv4() but not listening: connecting to
 // `addr` is refused, and keeping the socket open keeps the port ours.

@@ -11,7 +11,16 @@ set -u
 B=$1 ADDR=${2:-10.77.0.1}
 ls /sys/class/infiniband/* >/dev/null 2>&1 || { echo "SKIP: no RDMA device"; exit 77; }
 log=$B/conformance-rdma.log  # in the build tree: survives the VM
-RSOCK_CONF_EXPECT_RDMA=1 RSOCK_LOG_LEVEL=info RSOCK_CONF_IPV4=$ADDR LD_PRELOAD=$B/librsock.so \
+# Real IPv6 for the dual-stack cases: an address on the same rxe netdev
+# (rxe adds its GID by itself). Only where we may configure it (the VM).
+V6=fd77::1
+dev=$(ip -o -4 addr show 2>/dev/null | awk -v a="$ADDR" 'index($4, a "/") == 1 {print $2; exit}')
+if [ -n "$dev" ] && ! ip -o -6 addr show dev "$dev" 2>/dev/null | grep -q " $V6/"; then
+  ip -6 addr add "$V6/64" dev "$dev" nodad 2>/dev/null || V6=
+fi
+[ -n "$dev" ] || V6=
+sleep 1  # the GID table follows the address asynchronously
+RSOCK_CONF_EXPECT_RDMA=1 RSOCK_LOG_LEVEL=info RSOCK_CONF_IPV4=$ADDR RSOCK_CONF_IPV6=$V6 LD_PRELOAD=$B/librsock.so \
   timeout 900 "$B/tests/conformance/rsock_conformance" >"$log" 2>&1
 rc=$?
 grep -E "test cases|assertions" "$log"
