@@ -107,6 +107,7 @@ class Stream {
   // rather than losing those bytes silently. Returns true to watch again.
   bool check_idle_tcp();
   bool tcp_watched = false;  // progress thread only, under its lock
+  uint64_t next_tick_ns = 0;  // progress thread only: next look while on RDMA
 
   Phase phase() const { return phase_.load(std::memory_order_acquire); }
   bool client() const { return client_; }
