@@ -206,9 +206,14 @@ bool try_match(transport::IncomingRequest& req) {
           // Rejected with kNoResources. This connection stays on TCP now,
           // rather than wait out upgrade_timeout_ms for a retry never coming.
           stats::count_handshake_error();
-          if (c.error() == ENOBUFS) warn_memlock();
-          st->fall_back(c.error() == ENOBUFS ? stats::FallbackReason::kMemlock
-                                             : stats::FallbackReason::kNoResources);
+          int e = c.error();
+          if (e == ENOBUFS) warn_memlock();
+          // A failed rdma_accept (EINVAL, ECONNRESET...) means the client's
+          // request went away meanwhile (its program closed the socket).
+          bool ours = e == ENOMEM || e == EMFILE || e == ENFILE || e == EAGAIN || e == ENODEV;
+          st->fall_back(e == ENOBUFS ? stats::FallbackReason::kMemlock
+                        : ours       ? stats::FallbackReason::kNoResources
+                                     : stats::FallbackReason::kPeerClosed);
           return true;  // request consumed
         }
         st->attach_accepted(std::move(*c), rq.cookie);
