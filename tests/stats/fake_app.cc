@@ -4,11 +4,14 @@
 //
 //   stats_fake_app N INITIAL_SLOTS READY_FILE [fork]
 // Connection i (0-based): fd 100+i, client, 127.0.0.1:(40000+i) -> 10.0.0.(i+1):6379;
-// even i on RDMA (qp 1000+i) with tx = 1000*(i+1) bytes in i+1 ops, rx = 500*(i+1);
-// odd i on TCP after fallback peer_not_rsock, same byte counts on TCP.
+// even i on RDMA (qp 1000+i) with tx = 1000*(i+1) bytes in i+1 ops, rx = 500*(i+1),
+// and i credit stalls; odd i on TCP after fallback peer_not_rsock, same byte
+// counts on TCP, no credit stalls.
 // With "fork": after setting up, forks; the child calls after_fork_child()
 // and writes "child PID" to READY_FILE.child; the parent writes its pid to
 // READY_FILE. Both sleep.
+// $STATS_FAKE_EXE, if set, replaces the executable name in the segment (to
+// test how rsock-stat quotes odd names).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -46,7 +49,8 @@ int main(int argc, char** argv) {
   }
   int n = atoi(argv[1]);
   Options opt;
-  opt.exe = "stats_fake_app";
+  const char* exe = getenv("STATS_FAKE_EXE");
+  opt.exe = exe != nullptr ? exe : "stats_fake_app";
   opt.initial_slots = static_cast<uint32_t>(atoi(argv[2]));
   std::string ready = argv[3];
   bool do_fork = argc > 4 && strcmp(argv[4], "fork") == 0;
@@ -76,6 +80,8 @@ int main(int argc, char** argv) {
       s->add_tx(t, 1000);
       s->add_rx(t, 500);
     }
+    if (t == Transport::kRdma)
+      for (int k = 0; k < i; ++k) s->add_credit_stall();
     s->set_ring_fill(64 * i, 32 * i);
     s->set_credits(16);
   }

@@ -1,11 +1,13 @@
 #!/bin/bash
 # stats.rsock_stat: a live stats writer (stats_fake_app) checked through
 # rsock-stat: per-process JSON, list/netstat views, watch mode, fork child,
-# growth into an extension file, stale cleanup, corrupt/wrong-version segments.
+# growth into an extension file, stale cleanup, corrupt/wrong-version segments,
+# --prometheus (exact values, format checked by check_prometheus.awk).
 # usage: run_test.sh RSOCK_STAT STATS_FAKE_APP
 set -u
 STAT=$1
 APP=$2
+PROMCHECK=$(dirname "$0")/check_prometheus.awk
 ROOT=$(mktemp -d /dev/shm/rsock-stats-test.XXXXXX 2>/dev/null || mktemp -d)
 export RSOCK_STATS_DIR=$ROOT
 UDIR=$ROOT/$(id -u)
@@ -55,6 +57,8 @@ expect "segment grew" "$J" '"segment_files":2,"segment_slots":12'
 expect "rdma conn" "$J" '{"fd":108,"direction":"client","local":"127.0.0.1:40008","peer":"10.0.0.9:6379","state":"established","transport":"rdma","fallback_reason":"none","qp_num":1008,"tx_bytes":9000,"rx_bytes":4500'
 expect "tcp conn" "$J" '{"fd":109,"direction":"client","local":"127.0.0.1:40009","peer":"10.0.0.10:6379","state":"established","transport":"tcp","fallback_reason":"peer_not_rsock","qp_num":0,"tx_bytes":10000,"rx_bytes":5000'
 expect "ring fill" "$J" '"send_ring_fill":576,"recv_ring_fill":288,"ring_bytes":0,"send_credits":16'
+expect "conn credit stalls" "$J" '"credit_stalls":8,"send_ring_fill":512,'
+expect "process credit stalls" "$J" '"credit_stalls":20,"segment_files"'
 n=$(echo "$J" | grep -o '"fd":' | wc -l)
 [[ $n == 10 ]] && ok "10 connections in JSON" || bad "$n connections in JSON"
 
@@ -76,6 +80,10 @@ expect "list json" "$LJ" "{\"pid\":$PID,"
 P=$("$STAT" -p "$PID")
 expect "-p text conn" "$P" "10.0.0.10:6379"
 expect "-p text fallback" "$P" "fallbacks: peer_not_rsock=5"
+# STALLS column (14th) of the connection table: fd 108 has 8 credit stalls.
+st=$(echo "$P" | awk '$1 == "FD" { col = 0; for (i = 1; i <= NF; i++) if ($i == "STALLS") col = i }
+                      $1 == "108" && col { print $col }')
+[[ $st == 8 ]] && ok "-p text STALLS column" || { bad "-p text STALLS column: [$st]"; echo "$P"; }
 N=$("$STAT" -n)
 n=$(echo "$N" | grep -c " $PID/stats_fake_app:")
 [[ $n == 10 ]] && ok "netstat shows 10 conns of $PID" || { bad "netstat shows $n conns of $PID"; echo "$N"; }
@@ -84,6 +92,81 @@ W=$("$STAT" -p "$PID" -i 0.2 -c 3 --json)
 expect "watch: rates" "$(echo "$W" | tail -1)" '"tx_bytes_per_s":0.0'
 WT=$("$STAT" -i 0.1 -c 2)
 expect "watch text has rate columns" "$WT" "TX/s"
+
+# --- --prometheus: every listed process, exact values, valid format
+prom_ok() {  # prom_ok NAME TEXT: the text passes the format check
+  local w
+  if w=$(printf '%s\n' "$2" | awk -f "$PROMCHECK" 2>&1); then ok "$1"; else bad "$1: $w"; fi
+}
+M=$("$STAT" --prometheus)
+rc=$?
+[[ $rc == 0 ]] && ok "--prometheus exit 0" || bad "--prometheus exit $rc"
+prom_ok "--prometheus format" "$M"
+L="pid=\"$PID\",exe=\"stats_fake_app\""
+for want in "rsock_connections_seen_total{$L} 11" "rsock_connections_upgraded_total{$L} 5" \
+            "rsock_connections_untracked_total{$L} 0" "rsock_connections_open{$L} 10" \
+            "rsock_transport_connections_open{$L,transport=\"rdma\"} 5" \
+            "rsock_transport_connections_open{$L,transport=\"tcp\"} 5" \
+            "rsock_fallbacks_total{$L,reason=\"peer_not_rsock\"} 5" \
+            "rsock_fallbacks_total{$L,reason=\"policy\"} 0" \
+            "rsock_handshake_errors_total{$L} 0" "rsock_credit_stalls_total{$L} 20" \
+            "rsock_tx_bytes_total{$L,transport=\"rdma\"} 25000" "rsock_rx_bytes_total{$L,transport=\"rdma\"} 12500" \
+            "rsock_tx_ops_total{$L,transport=\"rdma\"} 25" "rsock_rx_ops_total{$L,transport=\"rdma\"} 25" \
+            "rsock_tx_bytes_total{$L,transport=\"tcp\"} 30007" "rsock_rx_bytes_total{$L,transport=\"tcp\"} 15000" \
+            "rsock_tx_ops_total{$L,transport=\"tcp\"} 31" "rsock_rx_ops_total{$L,transport=\"tcp\"} 30" \
+            "rsock_connections_seen_total{pid=\"$CHILD\",exe=\"stats_fake_app\"} 0" \
+            "rsock_stat_unreadable_segments 0" "# TYPE rsock_fallbacks_total counter" \
+            "# TYPE rsock_connections_open gauge"; do
+  if grep -qxF -- "$want" <<<"$M"; then ok "prometheus: $want"; else bad "prometheus: no line [$want]"; fi
+done
+n=$(grep -c "^rsock_fallbacks_total{$L,reason=" <<<"$M")
+[[ $n == 15 ]] && ok "prometheus: all 15 fallback reasons listed" || bad "prometheus: $n fallback reasons"
+n=$(grep -c "reason=\"none\"" <<<"$M")
+[[ $n == 0 ]] && ok "prometheus: no reason=none" || bad "prometheus: reason=none listed"
+MP=$("$STAT" -p "$PID" --prometheus)
+rc=$?
+[[ $rc == 0 ]] && ok "-p --prometheus exit 0" || bad "-p --prometheus exit $rc"
+prom_ok "-p --prometheus format" "$MP"
+expect "-p --prometheus has the process" "$MP" "rsock_connections_open{$L} 10"
+[[ $MP != *"pid=\"$CHILD\""* ]] && ok "-p --prometheus: that process only" || bad "-p --prometheus shows the child"
+ME=$("$STAT" --dir "$ROOT/none" --prometheus)
+rc=$?
+[[ $rc == 0 ]] && ok "--prometheus, no process: exit 0" || bad "--prometheus, no process: exit $rc"
+prom_ok "--prometheus, no process: format" "$ME"
+expect "--prometheus, no process: HELP still there" "$ME" "# HELP rsock_connections_open "
+# An odd executable name: quote, backslash, newline and a byte that is not UTF-8.
+STATS_FAKE_EXE=$'q"u\\o\nte\xffd' "$APP" 1 4 "$ROOT/ready.odd" &
+ODD=$!
+PIDS+=("$ODD")
+if wait_file "$ROOT/ready.odd"; then
+  MO=$("$STAT" -p "$ODD" --prometheus)
+  prom_ok "--prometheus, odd exe: format" "$MO"
+  want="rsock_connections_open{pid=\"$ODD\",exe=\"q\\\"u\\\\o\\nte"$'\xef\xbf\xbd'"d\"} 1"
+  if grep -qxF -- "$want" <<<"$MO"; then ok "--prometheus, odd exe: escaped"; else bad "--prometheus, odd exe: no line [$want] in: $MO"; fi
+else
+  bad "fake app with an odd exe did not start"
+fi
+kill -KILL $ODD; wait $ODD 2>/dev/null
+# The checker itself catches what it is there for.
+for broken in $'# HELP a_total x\n# TYPE a_total counter\na_total{pid="1"} 1\na_total{pid="1"} 2' \
+              $'# HELP a x\n# TYPE a counter\na 1' $'# HELP a x\na 1' \
+              $'# HELP a x\n# HELP a x\n# TYPE a gauge\na 1' $'# HELP a x\n# TYPE a gauge\na{pid=1} 1' \
+              $'# HELP a x\n# TYPE a gauge\na{pid="\\q"} 1' \
+              $'# HELP a x\n# TYPE a gauge\n# HELP b x\n# TYPE b gauge\na 1\nb 1\na{x="y"} 2'; do
+  if printf '%s\n' "$broken" | awk -f "$PROMCHECK" >/dev/null 2>&1; then
+    bad "format check accepted: $broken"
+  else
+    ok "format check rejects: ${broken//$'\n'/ | }"
+  fi
+done
+# Usage errors: exit 1, with the reason.
+for combo in "--json" "-i 1" "-n" "-i 1 -c 2"; do
+  # shellcheck disable=SC2086
+  E=$("$STAT" --prometheus $combo 2>&1)
+  rc=$?
+  [[ $rc == 1 && $E == *"rsock-stat: --prometheus"* ]] && ok "--prometheus $combo: usage error" \
+    || bad "--prometheus $combo: exit $rc: $E"
+done
 
 # --- corrupt and wrong-version segments of a live process: clean errors
 sleep 60 &
@@ -106,6 +189,16 @@ expect "list flags the bad segment" "$T" "unreadable: $UDIR/$SLEEPER: layout ver
 expect "list still shows the good one" "$T" "stats_fake_app"
 LJ=$("$STAT" --json)
 expect "list json carries the error" "$LJ" "\"errors\":[{\"pid\":$SLEEPER,"
+M=$("$STAT" --prometheus)
+rc=$?
+[[ $rc == 0 ]] && ok "--prometheus with a bad segment: exit 0" || bad "--prometheus with a bad segment: exit $rc"
+prom_ok "--prometheus with a bad segment: format" "$M"
+expect "--prometheus counts the bad segment" "$M" $'\nrsock_stat_unreadable_segments 1\n'
+expect "--prometheus says why" "$M" "# rsock-stat: pid $SLEEPER unreadable: $UDIR/$SLEEPER: layout version 99"
+expect "--prometheus still has the good one" "$M" "rsock_connections_open{$L} 10"
+"$STAT" -p "$SLEEPER" --prometheus >/dev/null 2>&1
+rc=$?
+[[ $rc == 2 ]] && ok "-p --prometheus of a bad segment: exit 2" || bad "-p --prometheus of a bad segment: exit $rc"
 kill -KILL $SLEEPER; wait $SLEEPER 2>/dev/null
 
 # --- stale files: a dead pid's segment is removed (unless --no-clean)

@@ -26,6 +26,8 @@ const char kUsage[] =
     "  -i SECONDS       watch: repeat every SECONDS (may be fractional), with rates\n"
     "  -c COUNT         with -i: stop after COUNT rounds (default: until interrupted)\n"
     "  --json           machine-readable output (one JSON object per round)\n"
+    "  --prometheus     Prometheus text format (node-exporter textfile collector),\n"
+    "                   one snapshot of the listed processes (or of -p PID)\n"
     "  -a, --all        all users' processes (default when run as root)\n"
     "  --dir DIR        segment root (default: $RSOCK_STATS_DIR or /dev/shm/librsock)\n"
     "  --no-clean       do not remove segments left by dead processes\n"
@@ -37,6 +39,8 @@ struct Args {
   double interval = 0;
   long count = 0;
   bool json = false;
+  bool prometheus = false;
+  bool netstat = false;  // -n given (the view is the last of -p/-n)
   bool all = false;
   bool clean = true;
   std::string root;
@@ -69,6 +73,7 @@ Args parse_args(int argc, char** argv) {
       a.view = View::kProcess;
     } else if (s == "-n" || s == "--netstat") {
       a.view = View::kNetstat;
+      a.netstat = true;
     } else if (s == "-i" || s == "--interval") {
       std::string v = value("seconds");
       char* end = nullptr;
@@ -81,6 +86,8 @@ Args parse_args(int argc, char** argv) {
       if (*end != '\0' || a.count <= 0) usage_error("bad count \"" + v + "\"");
     } else if (s == "--json") {
       a.json = true;
+    } else if (s == "--prometheus") {
+      a.prometheus = true;
     } else if (s == "-a" || s == "--all") {
       a.all = true;
     } else if (s == "--dir") {
@@ -92,6 +99,11 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (a.count > 0 && a.interval == 0) usage_error("-c needs -i");
+  if (a.prometheus) {
+    if (a.json) usage_error("--prometheus and --json are two output formats: choose one");
+    if (a.interval > 0) usage_error("--prometheus prints one snapshot: no -i (let the scraper or cron repeat it)");
+    if (a.netstat) usage_error("--prometheus has per-process metrics only: no -n");
+  }
   if (a.interval == 0) a.count = 1;
   return a;
 }
@@ -161,8 +173,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     rsock_stat::Rates rates = rsock_stat::compute_rates(prev, cur);
-    std::string out = a.json ? rsock_stat::render_json(a.view, cur, rates)
-                             : rsock_stat::render_text(a.view, cur, rates);
+    std::string out = a.prometheus ? rsock_stat::render_prometheus(cur)
+                      : a.json     ? rsock_stat::render_json(a.view, cur, rates)
+                                   : rsock_stat::render_text(a.view, cur, rates);
     if (a.interval > 0 && !a.json) {
       time_t t = time(nullptr);
       char stamp[32];

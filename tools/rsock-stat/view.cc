@@ -119,12 +119,11 @@ std::string json_conn(const ProcessSnapshot& p, const ConnSnapshot& c, const Rat
 }
 
 std::string json_process(const ProcessSnapshot& p, const Rates& rates, bool with_conns) {
-  uint64_t on_rdma = 0;
-  for (const auto& c : p.conns) on_rdma += c.info.transport == kRdma;
+  ProcessSummary sum = summarize(p);
   std::string o = "{\"pid\":" + std::to_string(p.pid) + ",\"uid\":" + std::to_string(p.uid) +
                   ",\"exe\":" + jstr(p.exe) + ",\"start_unix_ms\":" + jnum(p.start_unix_ms) +
-                  ",\"conns_open\":" + jnum(p.conns.size()) + ",\"conns_rdma\":" + jnum(on_rdma) +
-                  ",\"conns_tcp\":" + jnum(p.conns.size() - on_rdma) + ",\"conns_seen\":" + jnum(p.conns_seen) +
+                  ",\"conns_open\":" + jnum(sum.conns_open) + ",\"conns_rdma\":" + jnum(sum.conns_rdma) +
+                  ",\"conns_tcp\":" + jnum(sum.conns_tcp) + ",\"conns_seen\":" + jnum(p.conns_seen) +
                   ",\"conns_upgraded\":" + jnum(p.conns_upgraded) +
                   ",\"conns_untracked\":" + jnum(p.conns_untracked) +
                   ",\"handshake_errors\":" + jnum(p.handshake_errors) + ",\"fallbacks\":{";
@@ -181,13 +180,12 @@ std::string text_list(const Round& r, const Rates& rates) {
   if (rates.seconds > 0) append(&o, " %10s %10s", "TX/s", "RX/s");
   o += "\n";
   for (const auto& p : r.procs) {
-    uint64_t on_rdma = 0, fallbacks = 0;
-    for (const auto& c : p.conns) on_rdma += c.info.transport == kRdma;
-    for (int i = 1; i < kFallbackReasons; ++i) fallbacks += p.fallbacks[i];
-    append(&o, "%-8d %-10.10s %-18.18s %9s %6zu %5llu %5llu %8llu %9s %9s %9s %9s %9llu", p.pid,
-           user_name(p.uid).c_str(), p.exe.c_str(), uptime(p.start_unix_ms, r.unix_ms).c_str(), p.conns.size(),
-           (unsigned long long)on_rdma, (unsigned long long)(p.conns.size() - on_rdma),
-           (unsigned long long)fallbacks, human_bytes(double(p.total.tx_bytes[kRdma])).c_str(),
+    ProcessSummary sum = summarize(p);
+    append(&o, "%-8d %-10.10s %-18.18s %9s %6llu %5llu %5llu %8llu %9s %9s %9s %9s %9llu", p.pid,
+           user_name(p.uid).c_str(), p.exe.c_str(), uptime(p.start_unix_ms, r.unix_ms).c_str(),
+           (unsigned long long)sum.conns_open, (unsigned long long)sum.conns_rdma,
+           (unsigned long long)sum.conns_tcp, (unsigned long long)sum.fallbacks,
+           human_bytes(double(p.total.tx_bytes[kRdma])).c_str(),
            human_bytes(double(p.total.rx_bytes[kRdma])).c_str(), human_bytes(double(p.total.tx_bytes[kTcp])).c_str(),
            human_bytes(double(p.total.rx_bytes[kTcp])).c_str(), (unsigned long long)p.conns_untracked);
     if (rates.seconds > 0) {
@@ -223,18 +221,18 @@ std::string text_process(const Round& r, const Rates& rates) {
              human_bytes(double(p.total.rx_bytes[t])).c_str(), (unsigned long long)p.total.rx_ops[t]);
     append(&o, "credit stalls %llu; segment: %u file(s), %u slots\n\n", (unsigned long long)p.total.credit_stalls,
            p.files, p.slots);
-    append(&o, "%-5s %-6s %-24s %-24s %-11s %-5s %-14s %9s %9s %8s %8s %11s %5s %8s", "FD", "DIR", "LOCAL",
-           "PEER", "STATE", "VIA", "FALLBACK", "TX", "RX", "TX_OPS", "RX_OPS", "RING_S/R", "CRED", "QPN");
+    append(&o, "%-5s %-6s %-24s %-24s %-11s %-5s %-14s %9s %9s %8s %8s %11s %5s %6s %8s", "FD", "DIR", "LOCAL",
+           "PEER", "STATE", "VIA", "FALLBACK", "TX", "RX", "TX_OPS", "RX_OPS", "RING_S/R", "CRED", "STALLS", "QPN");
     if (rates.seconds > 0) append(&o, " %10s %10s", "TX/s", "RX/s");
     o += "\n";
     for (const auto& c : p.conns) {
       std::string ring = human_bytes(c.send_ring_fill) + "/" + human_bytes(c.recv_ring_fill);
-      append(&o, "%-5d %-6s %-24s %-24s %-11s %-5s %-14s %9s %9s %8llu %8llu %11s %5u %8u", c.info.fd,
+      append(&o, "%-5d %-6s %-24s %-24s %-11s %-5s %-14s %9s %9s %8llu %8llu %11s %5u %6llu %8u", c.info.fd,
              dir_of(c), local_of(c).c_str(), peer_of(c).c_str(), state_of(c), transport_of(c), reason_of(c),
              human_bytes(double(tx(c.traffic))).c_str(), human_bytes(double(rx(c.traffic))).c_str(),
              (unsigned long long)(c.traffic.tx_ops[0] + c.traffic.tx_ops[1]),
              (unsigned long long)(c.traffic.rx_ops[0] + c.traffic.rx_ops[1]), ring.c_str(), c.send_credits,
-             c.info.qp_num);
+             (unsigned long long)c.traffic.credit_stalls, c.info.qp_num);
       if (rates.seconds > 0) {
         auto it = rates.conn.find(conn_key(p.pid, c));
         const std::pair<double, double>* v = it == rates.conn.end() ? nullptr : &it->second;
@@ -271,11 +269,141 @@ std::string text_netstat(const Round& r, const Rates& rates) {
   return o;
 }
 
+// --- Prometheus text format --------------------------------------------------
+// https://prometheus.io/docs/instrumenting/exposition_formats/ : per metric
+// family one # HELP and one # TYPE line, then all its samples together.
+
+// Length of the valid UTF-8 sequence at s[0..n), 0 if it is not one.
+size_t utf8_sequence(const unsigned char* s, size_t n) {
+  unsigned char c = s[0];
+  if (c < 0x80) return 1;
+  size_t len;
+  unsigned char lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+  if (c >= 0xc2 && c <= 0xdf) {
+    len = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    if (c == 0xe0) lo = 0xa0;  // overlong
+    if (c == 0xed) hi = 0x9f;  // surrogates
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    if (c == 0xf0) lo = 0x90;  // overlong
+    if (c == 0xf4) hi = 0x8f;  // > U+10FFFF
+  } else {
+    return 0;
+  }
+  if (n < len || s[1] < lo || s[1] > hi) return 0;
+  for (size_t i = 2; i < len; ++i)
+    if (s[i] < 0x80 || s[i] > 0xbf) return 0;
+  return len;
+}
+
+void prom_family(std::string* o, const char* name, const char* type, const char* help) {
+  append(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+void prom_sample(std::string* o, const char* name, const std::string& labels, uint64_t v) {
+  append(o, "%s{%s} %llu\n", name, labels.c_str(), (unsigned long long)v);
+}
+
 double rate(uint64_t now, uint64_t before, double secs) {
   return now >= before ? double(now - before) / secs : 0.0;  // a closing conn may dip
 }
 
 }  // namespace
+
+ProcessSummary summarize(const ProcessSnapshot& p) {
+  ProcessSummary s;
+  s.conns_open = p.conns.size();
+  for (const auto& c : p.conns) s.conns_rdma += c.info.transport == kRdma;
+  s.conns_tcp = s.conns_open - s.conns_rdma;
+  for (int i = 1; i < kFallbackReasons; ++i) s.fallbacks += p.fallbacks[i];
+  return s;
+}
+
+std::string prometheus_label_value(const std::string& s) {
+  std::string out;
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    size_t len = utf8_sequence(b + i, s.size() - i);
+    if (len == 0) {
+      out += "\xef\xbf\xbd";  // U+FFFD: the format is UTF-8
+      ++i;
+      continue;
+    }
+    if (b[i] == '\\') out += "\\\\";
+    else if (b[i] == '"') out += "\\\"";
+    else if (b[i] == '\n') out += "\\n";
+    else out.append(s, i, len);
+    i += len;
+  }
+  return out;
+}
+
+std::string render_prometheus(const Round& r) {
+  std::string o;
+  std::vector<std::string> labels;  // pid="..",exe="..", per process
+  std::vector<ProcessSummary> sums;
+  for (const auto& p : r.procs) {
+    labels.push_back("pid=\"" + std::to_string(p.pid) + "\",exe=\"" + prometheus_label_value(p.exe) + "\"");
+    sums.push_back(summarize(p));
+  }
+  const int transports[] = {kRdma, kTcp};
+  auto tname = [](int t) { return rsock::stats::transport_name(static_cast<Transport>(t)); };
+  // One family whose value per process is f(process, summary).
+  auto per_process = [&](const char* name, const char* type, const char* help, auto f) {
+    prom_family(&o, name, type, help);
+    for (size_t i = 0; i < r.procs.size(); ++i) prom_sample(&o, name, labels[i], f(r.procs[i], sums[i]));
+  };
+  // One family with a transport label; f(process, summary, transport index).
+  auto per_transport = [&](const char* name, const char* type, const char* help, auto f) {
+    prom_family(&o, name, type, help);
+    for (size_t i = 0; i < r.procs.size(); ++i)
+      for (int t : transports)
+        prom_sample(&o, name, labels[i] + ",transport=\"" + tname(t) + "\"", f(r.procs[i], sums[i], t));
+  };
+  using P = const ProcessSnapshot&;
+  using S = const ProcessSummary&;
+  per_process("rsock_connections_seen_total", "counter",
+              "TCP connections librsock has seen (connected or accepted) since the process started.",
+              [](P p, S) { return p.conns_seen; });
+  per_process("rsock_connections_upgraded_total", "counter", "Connections that were moved onto RDMA.",
+              [](P p, S) { return p.conns_upgraded; });
+  per_process("rsock_connections_untracked_total", "counter",
+              "Connections without a stats slot (the stats segment could not grow).",
+              [](P p, S) { return p.conns_untracked; });
+  per_process("rsock_connections_open", "gauge", "Open connections.", [](P, S s) { return s.conns_open; });
+  per_transport("rsock_transport_connections_open", "gauge",
+                "Open connections by the transport carrying them (tcp also while connecting or upgrading).",
+                [](P, S s, int t) { return t == kRdma ? s.conns_rdma : s.conns_tcp; });
+  prom_family(&o, "rsock_fallbacks_total", "counter",
+              "Connections that stayed on (or went back to) TCP, by reason.");
+  for (size_t i = 0; i < r.procs.size(); ++i)
+    for (int k = 1; k < kFallbackReasons; ++k)
+      prom_sample(&o, "rsock_fallbacks_total",
+                  labels[i] + ",reason=\"" +
+                      rsock::stats::fallback_reason_name(static_cast<FallbackReason>(k)) + "\"",
+                  r.procs[i].fallbacks[k]);
+  per_process("rsock_handshake_errors_total", "counter", "Upgrades that failed once both ends had met over RDMA.",
+              [](P p, S) { return p.handshake_errors; });
+  per_process("rsock_credit_stalls_total", "counter", "RDMA sends that waited for credits from the peer.",
+              [](P p, S) { return p.total.credit_stalls; });
+  per_transport("rsock_tx_bytes_total", "counter", "Bytes sent, by transport (closed connections included).",
+                [](P p, S, int t) { return p.total.tx_bytes[t]; });
+  per_transport("rsock_rx_bytes_total", "counter", "Bytes received, by transport (closed connections included).",
+                [](P p, S, int t) { return p.total.rx_bytes[t]; });
+  per_transport("rsock_tx_ops_total", "counter", "Send operations, by transport (closed connections included).",
+                [](P p, S, int t) { return p.total.tx_ops[t]; });
+  per_transport("rsock_rx_ops_total", "counter", "Receive operations, by transport (closed connections included).",
+                [](P p, S, int t) { return p.total.rx_ops[t]; });
+  prom_family(&o, "rsock_stat_unreadable_segments", "gauge",
+              "Stats segments rsock-stat found but could not read (corrupt, or another layout version).");
+  append(&o, "rsock_stat_unreadable_segments %zu\n", r.errors.size());
+  // A comment line each (ignored by parsers; escaped so it stays one line).
+  for (const auto& e : r.errors)
+    o += "# rsock-stat: pid " + std::to_string(e.pid) + " unreadable: " + prometheus_label_value(e.message) + "\n";
+  return o;
+}
 
 std::string human_bytes(double v) {
   const char* units[] = {"", "K", "M", "G", "T", "P"};

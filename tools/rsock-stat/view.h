@@ -38,8 +38,23 @@ Rates compute_rates(const Round& prev, const Round& cur);
 
 enum class View { kList, kProcess, kNetstat };
 
+// What every view derives from a process snapshot (one place, so the views
+// cannot disagree): open connections by current transport, fallbacks summed.
+struct ProcessSummary {
+  uint64_t conns_open = 0;
+  uint64_t conns_rdma = 0;  // open and on RDMA
+  uint64_t conns_tcp = 0;   // open and on TCP (also while connecting or upgrading)
+  uint64_t fallbacks = 0;   // all reasons
+};
+ProcessSummary summarize(const ProcessSnapshot& p);
+
 std::string render_text(View v, const Round& r, const Rates& rates);
 std::string render_json(View v, const Round& r, const Rates& rates);
+// Prometheus text exposition format (node-exporter textfile collector): the
+// per-process counters of every process in the round, labelled pid and exe.
+std::string render_prometheus(const Round& r);
+// A Prometheus label value: \, \" and \n escaped, invalid UTF-8 replaced by U+FFFD.
+std::string prometheus_label_value(const std::string& s);
 
 // "1.5K", "12.0M", "950"
 std::string human_bytes(double v);
