@@ -208,12 +208,17 @@ echo "eth7" >"$fake/sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/0"
 printf '#!/bin/sh\nprintf "1 HCA found:\\n\\trxe0\\n"\n' >"$fake/bin/ibv_devinfo"
 printf '#!/bin/sh\necho "link rxe0/1 state ${FAKE_STATE:-ACTIVE} physical_state LINK_UP netdev eth7"\n' >"$fake/bin/rdma"
 printf '#!/bin/sh\ncase "$3" in 10.7.*) echo "$3 dev eth7 src 10.7.0.1 uid 0" ;; *) echo "$3 dev eth0 src 192.0.2.1 uid 0" ;; esac\n' >"$fake/bin/ip"
+# rping: resolves, then nobody listens (what the doctor expects of a good peer).
+printf '#!/bin/sh\necho "cma event ${FAKE_CM:-RDMA_CM_EVENT_REJECTED}, error 8"\nexit 1\n' >"$fake/bin/rping"
 chmod +x "$fake/bin/"*
 doctor_fake() { RSOCK_DOCTOR_SYSROOT=$fake PATH=$fake/bin:$PATH "$rsock" doctor --connections 10 "$@" 2>&1; }
 out=$(doctor_fake 10.7.0.2); rc=$?
 [ $rc = 0 ] && has "$out" "[ok]      RDMA device rxe0 port 1: ACTIVE (Ethernet on eth7)" &&
   has "$out" "10.7.0.2 (10.7.0.2) is reached through eth7, RDMA port rxe0/1 ACTIVE" && has "$out" "no problem found" \
   && pass "doctor with an ACTIVE device and a peer behind it: exit 0" || fail "doctor, fake device, peer on eth7 (exit $rc): $out"
+out=$(FAKE_CM=RDMA_CM_EVENT_ROUTE_ERROR doctor_fake 10.7.0.2); rc=$?
+[ $rc = 1 ] && has "$out" "rdma_cm cannot resolve a route to 10.7.0.2" \
+  && pass "doctor: a route rdma_cm cannot resolve is a problem" || fail "doctor, ROUTE_ERROR (exit $rc): $out"
 out=$(doctor_fake 192.0.2.9); rc=$?
 [ $rc = 1 ] && has "$out" "reached through eth0, which has no RDMA device" \
   && pass "doctor: a peer behind a netdev without RDMA is a problem" || fail "doctor, peer on eth0 (exit $rc): $out"
