@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 
@@ -74,10 +75,11 @@ RSOCK_HOOK int close_range(unsigned lo, unsigned hi, int flags) noexcept {
   if (h.outermost() && rsock::sys::owned_fd_count() > 0 && lo <= hi) {
     // Around librsock's own fds (see close()): the ranges between them.
     unsigned from = lo;
-    for (unsigned fd = lo; fd <= hi && fd < unsigned(rsock::sys::kOwnedFdTop); fd++) {
-      if (!rsock::sys::owned_fd(int(fd))) continue;
-      if (fd > from && (r = real().close_range(from, fd - 1, flags)) != 0) return h.pass(r);
-      from = fd + 1;
+    for (int fd = rsock::sys::next_owned_fd(int(std::min<unsigned>(lo, INT32_MAX)));
+         fd >= 0 && unsigned(fd) <= hi; fd = rsock::sys::next_owned_fd(fd + 1)) {
+      if (unsigned(fd) > from && (r = real().close_range(from, unsigned(fd) - 1, flags)) != 0)
+        return h.pass(r);
+      from = unsigned(fd) + 1;
     }
     r = from <= hi ? real().close_range(from, hi, flags) : 0;
   } else {

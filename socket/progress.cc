@@ -371,7 +371,7 @@ bool eligible(config::Direction dir, const sockaddr* addr) {
 Stream* new_stream(Socket* s, int fd, bool client, const sockaddr_storage& local,
                    const sockaddr_storage& peer) {
   // Our own reference to the kernel socket, out of the program's fd range.
-  int dupfd = sys::own_fd(sys::libc.fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  int dupfd = sys::dup_owned(fd);
   if (dupfd < 0) return nullptr;
   auto* st = new (std::nothrow) Stream(dupfd, client, local, peer, s->slot());
   if (!st) {
@@ -439,7 +439,7 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
   }
   // No rendezvous that would end in the pinned-memory budget anyway (the
   // peer then sees no request and stays on TCP after upgrade_timeout_ms).
-  if (!transport::pinned::fits(transport::pinned::ring_bytes_for(process_config().tunables.ring_bytes))) {
+  if (!transport::pinned::fits(process_config().tunables)) {
     warn_memlock();
     stats::set_fallback(s->slot(), stats::FallbackReason::kMemlock);
     return nullptr;

@@ -65,12 +65,13 @@ uint64_t connection_bytes(uint32_t ring_bytes, uint32_t sq_depth, uint32_t recv_
          page_round(uint64_t{recv_slots} * wire::kRecvBufBytes);
 }
 
-bool fits(uint32_t ring_bytes) {
+bool fits(const config::Tunables& tun) {
   uint64_t b = budget();
   if (b == kUnlimited) return true;
-  // Sized with the default queue depths: a pre-check, the real reservation
-  // happens when the connection registers its memory.
-  uint64_t need = connection_bytes(ring_bytes, 128, 64);
+  // A pre-check: the real reservation happens when the connection registers
+  // its memory (the queue sizes are the tunables', before the transport's
+  // clamping, which the config ranges make a no-op).
+  uint64_t need = connection_bytes(ring_bytes_for(tun.ring_bytes), tun.send_queue_depth, tun.recv_slots);
   uint64_t cur = in_use();
   return cur <= b && need <= b - cur;
 }

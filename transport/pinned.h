@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "config/tunables.h"
+
 namespace rsock::transport::pinned {
 
 constexpr uint64_t kUnlimited = UINT64_MAX;
@@ -23,8 +25,8 @@ uint64_t in_use();
 // Takes `bytes` from the budget; false (and nothing taken) when it does not fit.
 bool reserve(uint64_t bytes);
 void release(uint64_t bytes);
-// Whether a connection with rings of `ring_bytes` would fit now.
-bool fits(uint32_t ring_bytes);
+// Whether a new connection with these tunables would fit now.
+bool fits(const config::Tunables& tun);
 // The ring size a new connection uses: the configured one, or under a
 // finite budget the largest power of two (at least 16 KiB) that lets 256
 // connections fit, whichever is smaller.

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cstdint>
 
@@ -28,28 +29,50 @@ void mark(int fd, bool on) {
   if (!on && (old & bit)) g_count.fetch_sub(1, std::memory_order_relaxed);
 }
 
-}  // namespace
-
-int own_fd(int fd) {
-  if (fd < 0) return fd;
+// A duplicate of fd in the highest band of the fd space with a free number,
+// or -1 (fd already up there, upper half full, or the limit moved).
+int dup_high(int fd) {
   rlimit rl{};
   long top = kOwnedFdTop;
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && long(rl.rlim_cur) < top)
     top = long(rl.rlim_cur);
-  int saved = errno;
-  for (long band = 64; band <= top / 2; band *= 2) {
-    if (fd >= top - band) break;  // already up there
-    int nfd = libc.fcntl(fd, F_DUPFD_CLOEXEC, top - band);
-    if (nfd >= 0) {
-      libc.close(fd);
-      fd = nfd;
-      break;
-    }
-    if (errno != EMFILE) break;  // EINVAL: the limit moved under us
+  int saved = errno, nfd = -1;
+  for (long band = 64; band <= top / 2 && fd < top - band; band *= 2) {
+    nfd = libc.fcntl(fd, F_DUPFD_CLOEXEC, top - band);
+    if (nfd >= 0 || errno != EMFILE) break;  // EINVAL: the limit moved under us
   }
   errno = saved;
+  return nfd;
+}
+
+}  // namespace
+
+int own_fd(int fd) {
+  if (fd < 0) return fd;
+  if (int nfd = dup_high(fd); nfd >= 0) {
+    libc.close(fd);
+    fd = nfd;
+  }
   mark(fd, true);
   return fd;
+}
+
+int dup_owned(int fd) {
+  if (fd < 0) return -1;
+  int nfd = dup_high(fd);
+  if (nfd < 0) nfd = libc.fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (nfd >= 0) mark(nfd, true);
+  return nfd;
+}
+
+int next_owned_fd(int from) {
+  if (from < 0) from = 0;
+  for (int w = from / 64; w < kOwnedFdTop / 64; w++) {
+    uint64_t bits = g_bits[w].load(std::memory_order_acquire);
+    if (w == from / 64) bits &= ~uint64_t{0} << (from % 64);
+    if (bits) return w * 64 + std::countr_zero(bits);
+  }
+  return -1;
 }
 
 void disown_fd(int fd) { mark(fd, false); }

@@ -24,6 +24,11 @@ namespace rsock::sys {
 // number to use from now on (fd itself if it could not move); fd < 0 is
 // returned unchanged.
 int own_fd(int fd);
+// A duplicate of fd (close-on-exec) at the top of the fd space, owned; -1
+// on failure. One syscall where own_fd(dup(fd)) would take three.
+int dup_owned(int fd);
+// The lowest owned fd >= from, or -1 (a word-wise scan of the bitmap).
+int next_owned_fd(int from);
 // The fd is about to be closed by librsock or a library it calls.
 void disown_fd(int fd);
 // Whether fd is one of librsock's own (lock-free; false for fd < 0).

@@ -15,14 +15,14 @@ TEST_CASE("pinned: an 8 MiB memlock limit fits 128 upgraded sockets with 16 KiB 
   CHECK(per <= 48 * 1024);  // the per-idle-connection target of issue 11
   uint64_t base = pinned::in_use();
   int n = 0;
-  while (pinned::fits(ring) && pinned::reserve(per)) n++;
+  while (pinned::fits(rsock::config::Tunables{}) && pinned::reserve(per)) n++;
   CHECK(n >= 128);
   CHECK(pinned::in_use() <= pinned::budget());
   CHECK_FALSE(pinned::reserve(per));
-  CHECK_FALSE(pinned::fits(ring));
+  CHECK_FALSE(pinned::fits(rsock::config::Tunables{}));
   pinned::release(per * uint64_t(n));
   CHECK(pinned::in_use() == base);
-  CHECK(pinned::fits(ring));
+  CHECK(pinned::fits(rsock::config::Tunables{}));
 }
 
 TEST_CASE("pinned: the configured ring size without a limit, a smaller one under a larger limit") {
