@@ -26,6 +26,7 @@ const KeySpec kKeys[] = {
     {"upgrade_timeout_ms", KeyKind::kUint, &Tunables::upgrade_timeout_ms, nullptr, 1, 600000},
     {"negative_cache_ttl_s", KeyKind::kUint, &Tunables::negative_cache_ttl_s, nullptr, 0, 86400},
     {"port_offset", KeyKind::kUint, &Tunables::port_offset, nullptr, 0, 65535},
+    {"fork_hand_off", KeyKind::kBool, nullptr, &Tunables::fork_hand_off},
     {"stats", KeyKind::kBool, nullptr, &Tunables::stats},
     {"debug_checks", KeyKind::kBool, nullptr, &Tunables::debug_checks},
     {"log_level", KeyKind::kLogLevel},

@@ -22,6 +22,11 @@ struct Tunables {
   uint32_t upgrade_timeout_ms = 2000; // whole TCP->RDMA rendezvous, then stay on TCP
   uint32_t negative_cache_ttl_s = 60; // how long a peer that refused stays on TCP
   uint32_t port_offset = 0;           // rdma_cm port = TCP port + offset (mod 65536)
+  // fork(): switch upgraded connections back to TCP first, so that parent or
+  // child can go on using them (off: they stay on RDMA in the parent, and
+  // fail with ECONNRESET in the child, which suits programs that fork only
+  // to snapshot or to exec something unrelated).
+  bool fork_hand_off = true;
   // Observability -------------------------------------------------------------
   bool stats = true;                  // publish counters for rsock-stat
   // Internal invariants checked at run time (abort with a message when one

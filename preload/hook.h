@@ -114,6 +114,9 @@ ssize_t mmsg_bytes(const struct mmsghdr* m, int n);
 
 // Starts tracking a TCP socket that just appeared at `fd` (socket/accept).
 void track_new(int fd, int domain, socket::Role role, bool nonblocking);
+// fd passing: TCP sockets that arrived with SCM_RIGHTS (recvmsg on a UNIX
+// socket) join the fd table as plain TCP (the sender switched them back).
+void adopt_received_fds(const struct msghdr* m);
 
 // An fd the kernel just gave out that we do not track: forget whatever a
 // missed close left in its slot (e.g. a raw syscall(SYS_close)).

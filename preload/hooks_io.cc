@@ -8,7 +8,12 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "preload/hook.h"
+#include "socket/process.h"
+#include "socket/stream.h"
+#include "util/clock.h"
 #include "socket/readiness.h"
 
 using rsock::preload::HookScope;
@@ -136,8 +141,18 @@ RSOCK_RX_HOOK(ssize_t, __recvfrom_chk,
               (int fd, void* b, size_t n, size_t bl, int f, struct sockaddr* a, socklen_t* l),
               fd, n <= bl && RX1(b, n, f) && (no_name(a, l), true),
               __recvfrom_chk(fd, b, n, bl, f, a, l))
-RSOCK_RX_HOOK(ssize_t, recvmsg, (int fd, struct msghdr* m, int f), fd,
-              recvmsg_via(h, s, m, f, &out), recvmsg(fd, m, f))
+RSOCK_HOOK ssize_t recvmsg(int fd, struct msghdr* m, int f) noexcept {
+  HookScope h;
+  if (auto s = h.tracked(fd)) {
+    ssize_t out;
+    if (recvmsg_via(h, s, m, f, &out)) return out;
+    return h.io_rx(s, real().recvmsg(fd, m, f));
+  }
+  ssize_t r = real().recvmsg(fd, m, f);
+  if (r >= 0 && m != nullptr && m->msg_controllen > 0 && h.outermost())
+    rsock::preload::adopt_received_fds(m);
+  return h.pass(r);
+}
 
 // Batched calls on an upgraded socket: the first message may block, the rest
 // only take what is there (as the kernel does for TCP).
@@ -184,8 +199,44 @@ RSOCK_TX_HOOK(ssize_t, send, (int fd, const void* b, size_t n, int f), fd, TX1(b
 RSOCK_TX_HOOK(ssize_t, sendto,
               (int fd, const void* b, size_t n, int f, const struct sockaddr* a, socklen_t l),
               fd, TX1(b, n, f), sendto(fd, b, n, f, a, l))
-RSOCK_TX_HOOK(ssize_t, sendmsg, (int fd, const struct msghdr* m, int f), fd,
-              stream_send(h, s, {m->msg_iov, m->msg_iovlen}, f, &out), sendmsg(fd, m, f))
+// fd passing: an upgraded socket sent with SCM_RIGHTS switches back to TCP
+// first (the reverse switch), so the receiving process gets a plain TCP
+// socket it can use, and may upgrade again. Only messages with ancillary
+// data pay for the look.
+static void hand_off_passed_fds(HookScope& h, const struct msghdr* m) {
+  if (m == nullptr || m->msg_controllen == 0 || m->msg_control == nullptr) return;
+  uint64_t deadline = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(m); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(m), c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    const int* fds = reinterpret_cast<const int*>(CMSG_DATA(c));
+    for (size_t i = 0; i < n; i++) {
+      int pfd;
+      std::memcpy(&pfd, fds + i, sizeof pfd);
+      auto s = h.tracked(pfd);
+      if (!s) continue;
+      rsock::socket::Stream* st = s->stream();
+      if (st == nullptr || (st->phase() != rsock::socket::Phase::kRdma &&
+                            st->phase() != rsock::socket::Phase::kReverting))
+        continue;
+      if (deadline == 0)
+        deadline = rsock::now_ns() +
+                   uint64_t{rsock::socket::process_config().tunables.upgrade_timeout_ms} * 1000000;
+      (void)st->hand_off(deadline);
+    }
+  }
+}
+
+RSOCK_HOOK ssize_t sendmsg(int fd, const struct msghdr* m, int f) noexcept {
+  HookScope h;
+  if (auto s = h.tracked(fd)) {
+    ssize_t out;
+    if (stream_send(h, s, {m->msg_iov, m->msg_iovlen}, f, &out)) return out;
+    return h.io_tx(s, real().sendmsg(fd, m, f));
+  }
+  hand_off_passed_fds(h, m);
+  return real().sendmsg(fd, m, f);
+}
 RSOCK_TX_HOOK(ssize_t, sendfile, (int o, int in, off_t* off, size_t n), o,
               rsock::preload::stream_sendfile(h, s, in, reinterpret_cast<off64_t*>(off), n, &out),
               sendfile(o, in, off, n))
@@ -197,6 +248,8 @@ RSOCK_HOOK int sendmmsg(int fd, struct mmsghdr* m, unsigned n, int f) noexcept {
   if (auto s = h.tracked(fd)) {
     int out;
     if (mmsg_via<false>(h, s, m, n, f, &out)) return out;
+  } else if (m != nullptr) {
+    for (unsigned i = 0; i < n; i++) hand_off_passed_fds(h, &m[i].msg_hdr);
   }
   int r = real().sendmmsg(fd, m, n, f);
   if (auto s = h.tracked(fd); s && r > 0) s->on_tcp_tx(rsock::preload::mmsg_bytes(m, r));

@@ -2,6 +2,9 @@
 // kernel socket (TCP first); these hooks only keep the fd table in step.
 #include <sys/socket.h>
 
+#include <cstring>
+#include <fcntl.h>
+
 #include "preload/hook.h"
 #include "preload/librsock.h"
 #include "socket/process.h"
@@ -41,6 +44,38 @@ static socket::SocketRef adopt_listener(int fd) {
   return socket::lookup(fd);
 }
 
+void adopt_received_fds(const struct msghdr* m) {
+  if (m == nullptr || m->msg_controllen == 0 || m->msg_control == nullptr) return;
+  for (cmsghdr* c = CMSG_FIRSTHDR(m); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(m), c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; i++) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      int domain = 0, type = 0, proto = 0, listening = 0;
+      socklen_t len = sizeof domain;
+      bool sock = real().getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 &&
+                  (domain == AF_INET || domain == AF_INET6);
+      if (sock) {
+        len = sizeof type;
+        sock = real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0;
+        len = sizeof proto;
+        sock = sock && real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) == 0;
+        len = sizeof listening;
+        sock = sock && real().getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0;
+      }
+      if (!sock || !socket::is_tracked_kind(domain, type, proto)) {
+        forget(fd);  // a stale slot from a close we could not see
+        continue;
+      }
+      int fl = real().fcntl(fd, F_GETFL);
+      track_new(fd, domain, listening ? Role::kListener : Role::kAccepted, fl >= 0 && (fl & O_NONBLOCK));
+      if (!listening)
+        if (auto s = socket::lookup(fd)) s->open_stats(fd, stats::Direction::kServer, nullptr, true);
+    }
+  }
+}
+
 static int accept_common(HookScope& h, int fd, int r, int flags) {
   if (r < 0) return r;
   socket::SocketRef l = h.tracked(fd);
@@ -68,6 +103,7 @@ static Status<void> transport_of(const socket::SocketRef& s, void* val, socklen_
       case socket::Phase::kSwitching: t = RSOCK_TRANSPORT_UPGRADING; break;
       case socket::Phase::kRdma: t = RSOCK_TRANSPORT_RDMA; break;
       case socket::Phase::kBroken: t = RSOCK_TRANSPORT_BROKEN; break;
+      case socket::Phase::kReverting: t = RSOCK_TRANSPORT_REVERTING; break;
       case socket::Phase::kPlain: break;
     }
   }
@@ -150,6 +186,16 @@ RSOCK_HOOK int shutdown(int fd, int how) noexcept {
 
 RSOCK_HOOK int setsockopt(int fd, int level, int opt, const void* val, socklen_t len) noexcept {
   HookScope h;
+  if (level == SOL_RSOCK && (opt == RSOCK_REVERT || opt == RSOCK_DEBUG_FAIL_PATH)) {
+    if (auto s = h.tracked(fd)) {
+      if (auto* st = s->stream()) {
+        if (opt == RSOCK_REVERT) st->revert(rsock::socket::RevertMode::kKeep,
+                                            rsock::stats::FallbackReason::kReleased);
+        else st->debug_fail_path();
+      }
+      return h.finish(rsock::Status<void>{});
+    }
+  }
   return h.pass(real().setsockopt(fd, level, opt, val, len));
 }
 

@@ -24,5 +24,17 @@
 #define RSOCK_TRANSPORT_UPGRADING 1 /* TCP now; the RDMA rendezvous or switch is running */
 #define RSOCK_TRANSPORT_RDMA 2      /* both directions run over RDMA; TCP stays idle */
 #define RSOCK_TRANSPORT_BROKEN 3    /* the switch failed after it began: the connection was reset */
+#define RSOCK_TRANSPORT_REVERTING 4 /* switching back from RDMA to TCP (the reverse switch) */
+
+/* setsockopt, int value ignored: switch this connection back from RDMA to
+ * TCP now (the reverse switch, agreed with the peer; no byte is lost or
+ * repeated). Succeeds and does nothing if the socket is not on RDMA. The
+ * connection stays on TCP afterwards. */
+#define RSOCK_REVERT 2
+
+/* setsockopt, int value ignored, for tests: make this connection's RDMA
+ * path fail as a broken link would (its queue pair goes to the error state
+ * without telling the peer). librsock then switches it back to TCP. */
+#define RSOCK_DEBUG_FAIL_PATH 3
 
 #endif

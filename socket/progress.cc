@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "socket/process.h"
 #include "socket/rendezvous.h"
 #include "socket/stream.h"
+#include "transport/cm_hub.h"
 #include "transport/listener.h"
 #include "util/log.h"
 #include "util/owned_fds.h"
@@ -38,6 +40,11 @@ namespace {
 
 constexpr int kBusyTickMs = 1;
 constexpr int kIdleTickMs = 50;
+constexpr uint64_t kTcpTag = uint64_t{1} << 40;  // epoll data: kTcpTag | fd
+constexpr uint64_t kHubTag = uint64_t{1} << 41;  // the shared rdma_cm channel
+// An upgraded connection keeps this many fds (the TCP reference, the wake
+// eventfd, the completion channel).
+constexpr int kFdsPerStream = 3;
 
 // How often the thread looks at an upgraded stream: often enough for its
 // keepalive (sent after keepalive_ms without traffic).
@@ -162,6 +169,13 @@ bool ensure_thread() {
   ev.events = EPOLLIN;
   ev.data.fd = g_cmd_fd;
   sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, g_cmd_fd, &ev);
+  // The process's one rdma_cm event channel for connections: this thread
+  // reads it and hands each event to its connection (transport/cm_hub.h).
+  if (transport::cm_hub::channel() != nullptr) {
+    ev.data.u64 = kHubTag;
+    if (sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, transport::cm_hub::fd(), &ev) == 0)
+      transport::cm_hub::set_serviced(true);
+  }
   // The thread must not keep a process alive nor receive its signals.
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -200,7 +214,8 @@ bool try_match(transport::IncomingRequest& req) {
     for (auto& l : g_listeners) {
       uint16_t rport = static_cast<uint16_t>(l.tcp_port + process_config().tunables.port_offset);
       if (l.listener && l.listener->port() == rport && l.tcp_port == ntohs(rq.server_port)) {
-        wire::RendezvousReply rep{wire::kRendezvousMagic, wire::kRendezvousVersion, {}, st->cookie()};
+        const uint8_t version = wire::negotiate(rq);
+        wire::RendezvousReply rep{wire::kRendezvousMagic, version, {}, st->cookie()};
         auto c = l.listener->accept(std::move(req), std::as_bytes(std::span(&rep, 1)));
         if (!c) {
           // Rejected with kNoResources. This connection stays on TCP now,
@@ -216,7 +231,7 @@ bool try_match(transport::IncomingRequest& req) {
                                      : stats::FallbackReason::kPeerClosed);
           return true;  // request consumed
         }
-        st->attach_accepted(std::move(*c), rq.cookie);
+        st->attach_accepted(std::move(*c), rq.cookie, version);
         poke();
         return true;
       }
@@ -239,12 +254,19 @@ void service_listeners(uint64_t now) {
         continue;
       }
       std::memcpy(&rq, pl.data(), sizeof rq);
-      if (rq.magic != wire::kRendezvousMagic || rq.version != wire::kRendezvousVersion) {
+      if (rq.magic != wire::kRendezvousMagic || wire::negotiate(rq) == 0) {
         l.listener->reject(std::move(*r), transport::RejectReason::kBadVersion);
         continue;
       }
-      // It may arrive before the application accepts the TCP connection.
-      if (!try_match(*r)) g_requests.push_back({std::move(*r), now + ttl});
+      // It may arrive before the application accepts the TCP connection;
+      // unless we are out of fds, when its connection cannot have a stream:
+      // "no resources" keeps the client from blaming (caching) this peer.
+      if (try_match(*r)) continue;
+      if (!sys::owned_fd_room(kFdsPerStream)) {
+        l.listener->reject(std::move(*r), transport::RejectReason::kNoResources);
+        continue;
+      }
+      g_requests.push_back({std::move(*r), now + ttl});
     }
   }
   for (size_t i = 0; i < g_requests.size();) {
@@ -260,7 +282,6 @@ void service_listeners(uint64_t now) {
 }
 
 // Under g_mu: one-shot watch of an upgraded stream's idle TCP socket.
-constexpr uint64_t kTcpTag = uint64_t{1} << 40;  // epoll data: kTcpTag | fd
 void watch_idle_tcp(Stream* st, int op) {
   st->tcp_watched = true;
   if (st->tcp_fd() < 0) return;
@@ -320,7 +341,7 @@ void* thread_main(void*) {
           if (st->take_start_request()) st->start_client();
           Phase p = st->phase();
           if (p == Phase::kRdma && !st->tcp_watched) watch_idle_tcp(st, EPOLL_CTL_ADD);
-          if (p == Phase::kPending || p == Phase::kSwitching) busy = true;
+          if (p == Phase::kPending || p == Phase::kSwitching || p == Phase::kReverting) busy = true;
           // An upgraded stream needs the thread only for its keepalive (its
           // reader or poller handles the rest): a look every keepalive_ms/2,
           // not every tick. Measured with 2000 upgraded sockets in the VM,
@@ -340,10 +361,15 @@ void* thread_main(void*) {
     int n = sys::libc.epoll_wait(g_epfd, evs, 16, busy ? kBusyTickMs : kIdleTickMs);
     Watch fire[16];
     int nfire = 0;
+    bool hub_ready = false;
     {
       std::lock_guard lk(g_mu);
       for (int i = 0; i < n; i++) {
         uint64_t tag = evs[i].data.u64;
+        if (tag == kHubTag) {
+          hub_ready = true;
+          continue;
+        }
         if (tag & kTcpTag) {
           idle_tcp_event(int(uint32_t(tag)));
           continue;
@@ -357,7 +383,10 @@ void* thread_main(void*) {
           if (tag == uint64_t(uint32_t(w.fd)) && nfire < 16) fire[nfire++] = w;
       }
     }
-    // Outside g_mu: a watcher takes its own locks (readiness.cc).
+    // Outside g_mu: the hub pokes streams (no locks), a watcher takes its own
+    // locks (readiness.cc). The streams whose events came in are driven at
+    // the top of the loop.
+    if (hub_ready) transport::cm_hub::poll();
     for (int i = 0; i < nfire; i++) fire[i].fn(fire[i].arg);
   }
   return nullptr;
@@ -366,6 +395,21 @@ void* thread_main(void*) {
 bool eligible(config::Direction dir, const sockaddr* addr) {
   if (!rdma_available() || is_loopback(addr)) return false;
   return process_config().decide(dir, addr) == config::Action::kRdma;
+}
+
+// librsock keeps to half of the program's fd limit (util/owned_fds.h): past
+// it a connection stays on TCP, so the program never meets EMFILE because
+// of us while it uses less than the other half.
+bool fd_room(Socket* s) {
+  if (sys::owned_fd_room(kFdsPerStream)) return true;
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    log::write_line(log::Level::kWarn,
+                    "half of the fd limit (RLIMIT_NOFILE) is in use by librsock (3 fds per "
+                    "upgraded connection): new connections stay on TCP. Raise it with "
+                    "`ulimit -n` (or LimitNOFILE= for a systemd service)");
+  stats::set_fallback(s->slot(), stats::FallbackReason::kFdLimit);
+  return false;
 }
 
 Stream* new_stream(Socket* s, int fd, bool client, const sockaddr_storage& local,
@@ -437,8 +481,10 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
     stats::set_fallback(s->slot(), stats::FallbackReason::kNegativeCache);
     return nullptr;
   }
-  // No rendezvous that would end in the pinned-memory budget anyway (the
-  // peer then sees no request and stays on TCP after upgrade_timeout_ms).
+  // No rendezvous that would end in the pinned-memory budget or in the
+  // program's fds anyway (the peer then sees no request and stays on TCP
+  // after upgrade_timeout_ms).
+  if (!fd_room(s)) return nullptr;
   if (!transport::pinned::fits(process_config().tunables)) {
     warn_memlock();
     stats::set_fallback(s->slot(), stats::FallbackReason::kMemlock);
@@ -466,6 +512,7 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
       sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
     return nullptr;
   if (!eligible(config::Direction::kServer, reinterpret_cast<sockaddr*>(&local))) return nullptr;
+  if (!fd_room(s)) return nullptr;  // its request is rejected with kNoResources
   Stream* st = new_stream(s, fd, false, local, peer);
   if (!st) return nullptr;
   s->set_stream(st);
@@ -616,6 +663,25 @@ void progress_before_fork() {
   g_mu.lock();
   for (size_t i = 0; i < g_streams.size(); i++)
     if (g_stream_owner[i]) g_streams[i]->fall_back(stats::FallbackReason::kForked);
+  // An upgraded connection's state (verbs objects, unread bytes) cannot be
+  // shared with the child: switch each back to TCP first (the reverse
+  // switch, kHandOff: no unread byte stays in our memory), so that whichever
+  // process goes on using it has a plain TCP socket. All start at once, then
+  // we wait for the peers' records together: one round trip for all.
+  if (!process_config().tunables.fork_hand_off) return;
+  bool any = false;
+  for (size_t i = 0; i < g_streams.size(); i++) {
+    Phase p = g_streams[i]->phase();
+    if (g_stream_owner[i] && (p == Phase::kRdma || p == Phase::kReverting)) {
+      g_streams[i]->start_hand_off();
+      any = true;
+    }
+  }
+  if (!any) return;
+  uint64_t deadline = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (g_stream_owner[i] && g_streams[i]->phase() == Phase::kReverting)
+      (void)g_streams[i]->hand_off(deadline);
 }
 
 void progress_after_fork_parent() { g_mu.unlock(); }
@@ -625,6 +691,7 @@ void progress_after_fork_child() {
   // resources (verbs objects do not survive fork). Leak the parent's
   // registries (and their lock, held since progress_before_fork) unseen and
   // detach every stream the child inherited.
+  transport::cm_hub::after_fork_child();
   Registry* old = g_reg_ptr.load();
   g_reg_ptr.store(new Registry());
   if (!old) return;

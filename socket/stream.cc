@@ -1,7 +1,10 @@
 // Stream lifecycle and the switch protocol (socket/upgrade_wire.h).
 #include "socket/stream.h"
 
+#include "socket/backlog.h"
+
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/ioctl.h>
@@ -11,6 +14,7 @@
 
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "socket/process.h"
 #include "socket/rendezvous.h"
@@ -42,6 +46,7 @@ const char* phase_name(Phase p) {
     case Phase::kRdma: return "rdma";
     case Phase::kPlain: return "tcp";
     case Phase::kBroken: return "broken";
+    case Phase::kReverting: return "reverting";
   }
   return "?";
 }
@@ -76,6 +81,7 @@ Stream::~Stream() {
               (unsigned long long)slot_->traffic.tx_bytes[1].load(),
               (unsigned long long)slot_->traffic.rx_bytes[1].load());
   stats::close_conn(slot_);
+  Backlog::release(std::exchange(backlog_, nullptr));
   sys::close_owned(wake_fd_);
   sys::close_owned(tcp_fd_);  // kernel FIN (or RST) now
 }
@@ -103,7 +109,8 @@ void Stream::start_client() {
   if (phase() != Phase::kPending || orphaned_) return;  // fell back (fork) or closed meanwhile
   wire::RendezvousRequest req{};
   req.magic = wire::kRendezvousMagic;
-  req.version = wire::kRendezvousVersion;
+  req.version = wire::kRendezvousMinVersion;
+  req.max_version = wire::kRendezvousVersion;
   req.client_port = reinterpret_cast<const sockaddr_in*>(&local_)->sin_port;  // same offset in v6
   req.server_port = reinterpret_cast<const sockaddr_in*>(&peer_)->sin_port;
   req.cookie = my_cookie_;
@@ -127,11 +134,15 @@ void Stream::start_client() {
     return;
   }
   conn_ = std::move(*c);
+  conn_->set_notify([](void* st) { static_cast<Stream*>(st)->wake(); }, this);
 }
 
-void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie) {
+void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
+                             uint8_t version) {
   std::lock_guard lk(mu_);
+  version_ = version;
   conn_ = std::move(conn);
+  conn_->set_notify([](void* st) { static_cast<Stream*>(st)->wake(); }, this);
   peer_cookie_ = peer_cookie;
 }
 
@@ -194,6 +205,197 @@ void Stream::break_connection(int err, const char* why) {
   stats::count_handshake_error();
 }
 
+// ---------------------------------------------------------------------------
+// The reverse switch: RDMA back to TCP (upgrade_wire.h, section 4).
+//
+// Each side stops RDMA, writes its DOWN record {resume, sent} into the idle
+// TCP stream and reads the peer's. Then it resends, on TCP, its bytes from
+// the peer's `resume` on (the backlog, from the send ring: it holds every
+// byte the peer has not reported consumed), and the connection is plain TCP
+// again. Nothing the peer sent after `resume` over RDMA is used: it comes
+// again on TCP. So no byte is lost, duplicated or reordered whatever the
+// RDMA path did, and the only requirement is a working TCP connection.
+
+namespace {
+// A peer that never answers (its host is gone, TCP itself is dying) ends
+// the connection after this long instead of leaving it hanging. Longer than
+// a link flap that TCP rides out.
+constexpr uint64_t kRevertTimeoutNs = 30ull * 1000000000;
+}  // namespace
+
+bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why) {
+  if (phase() != Phase::kRdma || !conn_ || tcp_fd_ < 0) return false;
+  // A 0.1.0 peer knows no reverse switch: it would take our record for
+  // bytes from a stranger and reset the connection.
+  if (version_ < wire::kRevertVersion) return false;
+  // The peer's bytes we keep end at `resume`; the peer resends the rest.
+  uint64_t rx_rdma = conn_->rx_position();
+  if (mode == RevertMode::kKeep && conn_->readable() > 0) {
+    size_t n = conn_->readable(), old = staging_.size();
+    staging_.resize(old + n);
+    iovec v{staging_.data() + old, n};
+    auto r = conn_->recv({&v, 1}, /*peek=*/true);
+    size_t got = r ? *r : 0;
+    staging_.resize(old + got);
+    rx_rdma += got;
+  }
+  tx_sent_abs_ = tcp_tx_ + conn_->tx_position();
+  down_out_ = {wire::kDownMagic, peer_cookie_, rx_limit_ + rx_rdma, tx_sent_abs_};
+  down_out_off_ = down_in_got_ = 0;
+  down_done_ = false;
+  conn_->abort();  // nothing more goes out on RDMA; its send ring stays readable
+  set_phase(Phase::kReverting);
+  deadline_ns_ = now_ns() + kRevertTimeoutNs;
+  stats::set_fallback(slot_, why);
+  LOG_INFO("fd %d: RDMA -> TCP (%s): sent %llu, resume the peer's bytes at %llu", tcp_fd_,
+           stats::fallback_reason_name(why), (unsigned long long)tx_sent_abs_,
+           (unsigned long long)down_out_.resume);
+  return true;
+}
+
+// The peer's TCP socket is gone (EOF or an error where its record should
+// be): nothing more can reach it. What we hold is delivered, then the
+// kernel reports the rest (EOF, EPIPE, ECONNRESET) itself.
+void Stream::finish_revert_peer_gone() {
+  conn_.reset();
+  down_done_ = true;
+  down_out_off_ = sizeof down_out_;
+  offer_sent_ = offer_rcvd_ = verified_ = false;
+  if (staging_.size() > staging_off_) plain_when_drained_ = true;
+  else set_phase(Phase::kPlain);
+}
+
+bool Stream::advance_revert() {
+  const auto before = switch_state();
+  const Phase p0 = phase();
+  auto* out = reinterpret_cast<const char*>(&down_out_);
+  while (down_out_off_ < sizeof down_out_) {
+    ssize_t r = sys::libc.send(tcp_fd_, out + down_out_off_, sizeof down_out_ - down_out_off_,
+                               MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r > 0) {
+      down_out_off_ += size_t(r);
+      continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) break;
+    if (down_out_off_ == 0) {
+      finish_revert_peer_gone();
+      return true;
+    }
+    break_connection(ECONNRESET, "TCP failed inside the reverse switch record");
+    return true;
+  }
+  if (!down_done_) {
+    auto* in = reinterpret_cast<char*>(&down_in_);
+    while (down_in_got_ < sizeof down_in_) {
+      ssize_t r = sys::libc.recv(tcp_fd_, in + down_in_got_, sizeof down_in_ - down_in_got_,
+                                 MSG_DONTWAIT);
+      if (r > 0) {
+        down_in_got_ += size_t(r);
+        continue;
+      }
+      if (r < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      if (r == 0 && down_in_got_ == 0) {
+        tcp_eof_ = true;
+        finish_revert_peer_gone();
+        return true;
+      }
+      break_connection(r < 0 ? errno : ECONNRESET, "TCP failed inside the peer's reverse switch record");
+      return true;
+    }
+    if (down_in_got_ < sizeof down_in_) {
+      if (now_ns() > deadline_ns_) {
+        break_connection(ECONNRESET, "the peer did not answer the switch back to TCP");
+        return true;
+      }
+      return switch_state() != before;
+    }
+    // The peer's record: it must come from the peer that owns this stream,
+    // and ask only for bytes we still hold.
+    const uint64_t lo = tcp_tx_ + conn_->retained_from();
+    if (down_in_.magic != wire::kDownMagic || down_in_.cookie != my_cookie_ ||
+        down_in_.resume < lo || down_in_.resume > tx_sent_abs_) {
+      break_connection(ECONNRESET, "bad reverse switch record from the peer");
+      return true;
+    }
+    if (size_t n = tx_sent_abs_ - down_in_.resume; n > 0) {
+      backlog_ = Backlog::create(n);
+      if (backlog_ == nullptr) {
+        break_connection(ENOMEM, "no memory for the bytes to resend");
+        return true;
+      }
+      conn_->copy_sent(down_in_.resume - tcp_tx_, backlog_->data(), n);
+      if (slot_) slot_->add_tx(stats::Transport::kTcp, n);
+    }
+    conn_.reset();  // aborted: destroyed at once
+    down_done_ = true;
+    // Both directions are on TCP again, from here on exactly like before the
+    // first switch.
+    offer_sent_ = offer_rcvd_ = verified_ = false;
+    offer_queued_ = ready_queued_ = ready_rcvd_ = ready_sent_ = false;
+    tcp_tx_ = tx_sent_abs_;
+    tcp_rx_ = down_out_.resume;
+  }
+  if (backlog_ != nullptr) {
+    int err = 0;
+    if (backlog_->flush(tcp_fd_, &err)) Backlog::release(std::exchange(backlog_, nullptr));
+  }
+  if (down_out_off_ == sizeof down_out_ && backlog_ == nullptr) {
+    // The FIN (shutdown(SHUT_WR) while on RDMA) follows the last byte again.
+    if (wr_shut_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
+    if (staging_.size() > staging_off_) plain_when_drained_ = true;
+    else set_phase(Phase::kPlain);
+    LOG_DEBUG("fd %d: back on TCP", tcp_fd_);
+  }
+  return phase() != p0 || switch_state() != before;
+}
+
+bool Stream::revert(RevertMode mode, stats::FallbackReason why) {
+  bool started;
+  {
+    std::lock_guard lk(mu_);
+    started = revert_locked(mode, why);
+    if (started) (void)advance_revert();
+    gen_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  wake();
+  return started;
+}
+
+void Stream::debug_fail_path() {
+  {
+    std::lock_guard lk(mu_);
+    if (phase() != Phase::kRdma || !conn_) return;
+    (void)conn_->debug_break_silently();
+  }
+  advance();  // notices the failure like any later call would
+}
+
+void Stream::start_hand_off() {
+  std::lock_guard lk(mu_);
+  if (revert_locked(RevertMode::kHandOff, stats::FallbackReason::kHandedOff)) (void)advance_revert();
+}
+
+bool Stream::hand_off(uint64_t deadline_ns) {
+  std::unique_lock lk(mu_);
+  if (phase() == Phase::kRdma) revert_locked(RevertMode::kHandOff, stats::FallbackReason::kHandedOff);
+  while (phase() == Phase::kReverting && !(down_done_ && backlog_ == nullptr)) {
+    (void)advance_revert();
+    if (phase() != Phase::kReverting || (down_done_ && backlog_ == nullptr)) break;
+    if (now_ns() > deadline_ns) break;
+    pollfd pf{tcp_fd_, short(down_done_ ? POLLOUT : POLLIN), 0};
+    lk.unlock();
+    sys::libc.poll(&pf, 1, 5);
+    lk.lock();
+  }
+  gen_.fetch_add(1, std::memory_order_acq_rel);
+  Phase p = phase();
+  bool ok = p == Phase::kPlain || p == Phase::kBroken || p == Phase::kPending ||
+            (p == Phase::kReverting && down_done_);
+  lk.unlock();
+  wake();
+  return ok;
+}
+
 bool Stream::advance(bool block) {
   if (block) {
     mu_.lock();
@@ -224,6 +426,7 @@ void Stream::advance_inline(bool full) {
 bool Stream::advance_locked(bool full) {
   Phase p = phase();
   if (p == Phase::kPlain || p == Phase::kBroken) return false;
+  if (p == Phase::kReverting) return advance_revert();
   if (!conn_) {
     if (plain_when_drained_) return false;
     if (p == Phase::kPending && now_ns() > deadline_ns_ && !orphaned_) {
@@ -258,6 +461,17 @@ bool Stream::advance_locked(bool full) {
       rdma_failed_during_switch();
       return true;
     }
+    if (p == Phase::kRdma) {
+      // A RESET the peer sent before it went is an abortive close, as on
+      // TCP. Anything else (retries exceeded, a DREQ without FIN, the device
+      // gone) is the RDMA path failing while TCP may be fine: switch back.
+      handle_controls();
+      if (phase() == Phase::kBroken) return true;
+      if (revert_locked(RevertMode::kKeep, stats::FallbackReason::kPathFailed)) {
+        (void)advance_revert();
+        return true;
+      }
+    }
     if (!err_) err_ = st.error();
     return true;
   }
@@ -283,7 +497,8 @@ bool Stream::advance_locked(bool full) {
         return true;
       }
       std::memcpy(&rep, pl.data(), sizeof rep);
-      if (rep.magic != wire::kRendezvousMagic || rep.version != wire::kRendezvousVersion ||
+      if (rep.magic != wire::kRendezvousMagic || rep.version < wire::kRendezvousMinVersion ||
+          rep.version > wire::kRendezvousVersion ||
           rep.cookie == 0) {
         mu_.unlock();
         fall_back(stats::FallbackReason::kProtocol);
@@ -291,6 +506,7 @@ bool Stream::advance_locked(bool full) {
         return true;
       }
       peer_cookie_ = rep.cookie;
+      version_ = rep.version;
     }
     enter_switching();
     p = phase();
@@ -317,7 +533,14 @@ bool Stream::advance_locked(bool full) {
                 conn_->qp_num(), (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
     }
   }
-  if (!conn_) return true;  // reverted to TCP just now
+  if (!conn_ || phase() == Phase::kReverting) return true;  // back to TCP just now
+  if (phase() == Phase::kRdma && conn_->peer_left_open() && !wr_shut_ &&
+      revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased)) {
+    // The peer stopped RDMA after its FIN without closing (it switched
+    // back): our direction goes on over TCP.
+    (void)advance_revert();
+    return true;
+  }
   if (full && slot_ && phase() == Phase::kRdma) {
     // Gauges for rsock-stat: refreshed off the hot path (waits, progress ticks).
     auto g = conn_->gauges();
@@ -505,6 +728,7 @@ void Stream::drain_tcp() {
 
 uint64_t Stream::rx_arrived() {
   std::lock_guard lk(mu_);
+  if (phase() == Phase::kReverting && !down_done_) return down_out_.resume;
   uint64_t pos = tcp_rx_;
   if ((tcp_rx_open() || !verified_) && tcp_fd_ >= 0) {
     int k = 0;
@@ -523,14 +747,24 @@ bool Stream::check_idle_tcp() {
   {
     std::lock_guard lk(mu_);
     if (phase() != Phase::kRdma || tcp_fd_ < 0) return false;
-    char b;
-    ssize_t r = sys::libc.recv(tcp_fd_, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    uint64_t magic = 0;
+    ssize_t r = sys::libc.recv(tcp_fd_, &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT);
     if (r < 0 && errno == EAGAIN) return true;
     if (r <= 0) return false;  // EOF or error: the peer's teardown, RDMA has the rest
-    if (conn_ && !rdma_dead_) (void)conn_->send_control(uint8_t(wire::Control::kReset), {});
-    break_connection(ECONNRESET,
-                     "bytes arrived on TCP after the switch (a process without librsock's "
-                     "state, e.g. after exec, wrote to the connection)");
+    if (r == sizeof magic && magic == wire::kDownMagic) {
+      // The peer switches back to TCP: join it (its record is read there).
+      revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased);
+      (void)advance_revert();
+      gen_.fetch_add(1, std::memory_order_acq_rel);
+    } else if (r < ssize_t(sizeof magic) &&
+               std::memcmp(&magic, &wire::kDownMagic, size_t(r)) == 0) {
+      return true;  // the start of a record: look again when the rest is in
+    } else {
+      if (conn_ && !rdma_dead_) (void)conn_->send_control(uint8_t(wire::Control::kReset), {});
+      break_connection(ECONNRESET,
+                       "bytes arrived on TCP after the switch (a process without librsock's "
+                       "state, e.g. after exec, wrote to the connection)");
+    }
   }
   wake();
   return false;
@@ -541,6 +775,9 @@ void Stream::detach_after_fork() {
   (void)conn_.release();                     // the parent's; never touched here
   if (phase() == Phase::kPending) {
     set_phase(Phase::kPlain);
+  } else if (phase() == Phase::kReverting && down_done_) {
+    // Handed off before fork (progress_before_fork): nothing of it is in
+    // RDMA state any more; the backlog, if any, is shared with the parent.
   } else if (phase() != Phase::kPlain) {
     err_ = ECONNRESET;
     set_phase(Phase::kBroken);
@@ -593,6 +830,13 @@ void Stream::orphan() {
 bool Stream::linger_done() {
   std::lock_guard lk(mu_);
   if (phase() == Phase::kSwitching) advance_locked();  // finish the switch, then close
+  if (phase() == Phase::kReverting) {
+    // Finish the reverse switch: the backlog is the application's data.
+    advance_revert();
+    if (phase() == Phase::kReverting && !(down_done_ && !backlog_))
+      return now_ns() > linger_deadline_ns_;
+    return true;
+  }
   Phase p = phase();
   if (p == Phase::kPlain || p == Phase::kBroken || !conn_ || rdma_dead_) return true;
   if (p == Phase::kRdma) {

@@ -33,6 +33,7 @@
 namespace rsock::socket {
 
 class SignalWatch;
+class Backlog;
 
 class Socket;
 
@@ -42,6 +43,14 @@ enum class Phase : uint8_t {
   kRdma,       // both directions switched: data on RDMA, TCP idle (liveness)
   kPlain,      // fell back: the kernel carries everything, hooks pass through
   kBroken,     // the switch failed after bytes were committed: reset
+  kReverting,  // reverse switch: RDMA -> TCP, DOWN records, backlog (docs/DESIGN.md)
+};
+
+// How a reverse switch treats bytes that arrived over RDMA but were not read.
+enum class RevertMode : uint8_t {
+  kKeep,     // keep them (staging); the peer resends only what never arrived
+  kHandOff,  // drop them; the peer resends from what the application consumed,
+             // so no unread byte stays in this process's memory (fork, fd passing)
 };
 const char* phase_name(Phase p);
 
@@ -89,7 +98,8 @@ class Stream {
   // connect, so connect() costs the application no rdma_cm syscalls.
   void request_start() { start_requested_.store(true, std::memory_order_release); }
   bool take_start_request() { return start_requested_.exchange(false, std::memory_order_acq_rel); }
-  void attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie);
+  void attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
+                       uint8_t version);
   // Give the socket back to the kernel (peer_reason: see stats::set_fallback).
   void fall_back(stats::FallbackReason reason, uint8_t peer_reason = 0);
   // Called when the last application fd is gone. Returns true when the
@@ -106,6 +116,19 @@ class Stream {
   // after exec) wrote to the connection, which is then reset at both ends
   // rather than losing those bytes silently. Returns true to watch again.
   bool check_idle_tcp();
+
+  // --- the reverse switch (stream.cc): RDMA back to TCP at exact offsets,
+  // agreed with the peer over the TCP stream. Starts it if the stream is on
+  // RDMA; returns whether it started.
+  bool revert(RevertMode mode, stats::FallbackReason why);
+  // Before another process may use the socket (fork, fd passing): starts a
+  // kHandOff revert if on RDMA and drives it until the peer's record is in
+  // and the backlog is flushed, or until deadline_ns. Returns false if the
+  // stream is still bound to this process's RDMA state (the caller decides).
+  bool hand_off(uint64_t deadline_ns);
+  void start_hand_off();  // the nonblocking first half of hand_off()
+  // Tests: the RDMA path fails as a broken link would (RSOCK_DEBUG_FAIL_PATH).
+  void debug_fail_path();
   bool tcp_watched = false;  // progress thread only, under its lock
   uint64_t next_tick_ns = 0;  // progress thread only: next look while on RDMA
 
@@ -155,6 +178,9 @@ class Stream {
   void handle_controls();
   void write_marker();
   void drain_tcp();
+  bool revert_locked(RevertMode mode, stats::FallbackReason why);
+  bool advance_revert();
+  void finish_revert_peer_gone();
   void set_phase(Phase p);
   void break_connection(int err, const char* why);
   size_t copy_staging(std::span<const iovec> iov, bool peek);
@@ -169,7 +195,8 @@ class Stream {
   auto switch_state() const {
     return std::tuple(staging_.size() - staging_off_, tcp_tx_, tcp_rx_, offer_sent_, ready_rcvd_,
                       out_marker_off_, offer_rcvd_, ready_sent_, verified_, in_marker_got_,
-                      tcp_eof_, rdma_dead_, plain_when_drained_);
+                      tcp_eof_, rdma_dead_, plain_when_drained_, down_out_off_, down_in_got_,
+                      down_done_, backlog_ != nullptr);
   }
 
   std::mutex mu_;
@@ -185,6 +212,7 @@ class Stream {
   sockaddr_storage local_{}, peer_{};
   stats::ConnSlot* slot_;
   uint64_t my_cookie_ = 0, peer_cookie_ = 0;
+  uint8_t version_ = 0;  // the rendezvous version both ends speak (wire::negotiate)
   uint64_t deadline_ns_ = 0;
   std::unique_ptr<transport::Connection> conn_;
   int err_ = 0;
@@ -210,6 +238,14 @@ class Stream {
   bool fin_deferred_ = false;           // shutdown(SHUT_WR) before the switch ended
   bool orphaned_ = false;
   bool close_started_ = false;
+  // The reverse switch.
+  wire::DownRecord down_out_{};
+  size_t down_out_off_ = 0;
+  wire::DownRecord down_in_{};
+  size_t down_in_got_ = 0;
+  bool down_done_ = false;      // the peer's DOWN is in: TCP carries both directions
+  uint64_t tx_sent_abs_ = 0;    // our stream bytes when the revert began
+  Backlog* backlog_ = nullptr;  // to resend on TCP before new data
   uint64_t linger_deadline_ns_ = 0;
 };
 

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "socket/backlog.h"
 #include "socket/process.h"
 #include "socket/signals.h"
 #include "socket/stream.h"
@@ -113,6 +114,9 @@ Status<size_t> Stream::try_recv(std::span<const iovec> iov, int flags) {
 Status<size_t> Stream::try_recv_source(std::span<const iovec> iov, int flags) {
   bool peek = flags & MSG_PEEK;
   if (rd_shut_) return size_t{0};
+  // Switching back: TCP carries the peer's bytes again once its record is in.
+  if (phase() == Phase::kReverting && !down_done_)
+    return tcp_eof_ ? Status<size_t>(size_t{0}) : Err(EAGAIN);
   // 2. The peer's direction still on TCP: read the kernel socket directly
   //    (under mu_, so an OFFER cannot be processed in the middle).
   if (tcp_rx_open()) {
@@ -143,6 +147,8 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
   if (p == Phase::kPlain) return Err(kRedoPlain);
   if (p == Phase::kBroken) return Err(err_ ? report_error() : EPIPE);
   if (wr_shut_) return Err(EPIPE);
+  // Switching back: new bytes only after the peer's record and our backlog.
+  if (p == Phase::kReverting && (!down_done_ || backlog_ != nullptr)) return Err(EAGAIN);
   if (tcp_tx_open()) {
     msghdr mh{};
     mh.msg_iov = const_cast<iovec*>(iov.data());
@@ -156,6 +162,12 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
   }
   if (p != Phase::kRdma) return rdma_dead_ && out_marker_off_ > 0 ? Err(EPIPE) : Err(EAGAIN);
   auto r = conn_->send(iov);
+  if (!r && r.error() == EPIPE && conn_->peer_left_open() &&
+      revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased)) {
+    // The peer switched back to TCP after its FIN: our bytes go there.
+    (void)advance_revert();
+    return Err(EAGAIN);
+  }
   if (r && *r > 0 && slot_) slot_->add_tx(stats::Transport::kRdma, *r);
   if (!r && r.error() == EAGAIN && slot_)
     slot_->traffic.credit_stalls.fetch_add(1, std::memory_order_relaxed);
@@ -268,7 +280,9 @@ Status<int> Stream::fionread() {
   advance_inline(true);
   if (phase() == Phase::kPlain) return Err(kRedoPlain);
   size_t n = staging_.size() - staging_off_;
-  if (tcp_rx_open()) {
+  if (phase() == Phase::kReverting && !down_done_) {
+    // Only staging until the peer's record is in.
+  } else if (tcp_rx_open()) {
     int k = 0;
     if (sys::libc.ioctl(tcp_fd_, FIONREAD, &k) == 0) n += size_t(k);
   } else if (verified_ && conn_ && !rdma_dead_) {
@@ -300,6 +314,11 @@ short Stream::events_locked(short interest) {
   Phase p = phase();
   if (p == Phase::kBroken) return POLLERR | POLLHUP | (interest & (POLLIN | POLLOUT));
   bool staged = staging_.size() > staging_off_;
+  if (p == Phase::kReverting && !down_done_) {
+    if (staged || rd_shut_) ev |= POLLIN;
+    if (tcp_eof_) ev |= POLLIN | POLLRDHUP;
+    return ev & short(interest | POLLERR | POLLHUP);
+  }
   short kernel = 0;
   if (tcp_rx_open() || tcp_tx_open()) {
     pollfd pf{tcp_fd_, short(interest | POLLRDHUP), 0};
@@ -325,6 +344,7 @@ short Stream::events_locked(short interest) {
   } else if (p == Phase::kRdma && conn_->writable() > 0) {
     ev |= POLLOUT;
   }
+  if (backlog_ != nullptr) ev &= ~POLLOUT;  // our resent bytes go first
   if ((ev & POLLRDHUP) && wr_shut_) ev |= POLLHUP;
   return ev & short(interest | POLLERR | POLLHUP);
 }
@@ -348,6 +368,12 @@ int Stream::wait_fds(short interest, pollfd* out) {
   std::lock_guard lk(mu_);
   bool tcp = tcp_rx_open() || tcp_tx_open() ||
              (phase() == Phase::kSwitching && (offer_rcvd_ || ready_rcvd_));
+  if (phase() == Phase::kReverting && tcp_fd_ >= 0) {
+    // The peer's record (POLLIN), our record and backlog (POLLOUT).
+    bool out_pending = down_out_off_ < sizeof down_out_ || backlog_ != nullptr;
+    out[n++] = {tcp_fd_, short(interest | POLLIN | POLLRDHUP | (out_pending ? POLLOUT : 0)), 0};
+    tcp = false;
+  }
   if (tcp) out[n++] = {tcp_fd_, short(interest | POLLRDHUP), 0};
   if (conn_ && !rdma_dead_) out[n++] = {conn_->fd(), POLLIN, 0};
   return n;

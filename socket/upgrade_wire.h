@@ -5,8 +5,8 @@
 //
 //    Request (client -> server, 24 bytes)     Reply (server -> client, 16 bytes)
 //    +0  u32 magic 'RSUP' (0x50555352)        +0  u32 magic 'RSUP'
-//    +4  u8  version (1)                      +4  u8  version (1)
-//    +5  u8  reserved                         +5  u8  reserved[3]
+//    +4  u8  version: lowest spoken (1)       +4  u8  version: the one chosen
+//    +5  u8  max_version (2; 0 = version)     +5  u8  reserved[3]
 //    +6  u16 client TCP port (network order)  +8  u64 server cookie
 //    +8  u16 server TCP port (network order)
 //    +10 u8  reserved[6]
@@ -16,6 +16,11 @@
 //    source address to equal the TCP peer address, and the client connects
 //    to the TCP peer address, so the 4-tuple is (rdma src ip, client port,
 //    rdma dst ip, server port). Refusals use transport's reject reasons.
+//    Versions are negotiated: the server picks the highest version both
+//    speak (min(max_version, its own highest), if >= both lowest) and says
+//    it in the reply. 0.1.0 sends version 1 with max_version 0 and checks
+//    that the reply says 1, so it interoperates with later releases.
+//    Version 2 adds the reverse switch (section 4).
 //
 // 2. Switch, per direction, sender X -> receiver Y (app control messages over
 //    the RDMA connection, ordered with its data):
@@ -36,13 +41,15 @@
 namespace rsock::socket::wire {
 
 inline constexpr uint32_t kRendezvousMagic = 0x50555352;  // "RSUP"
-inline constexpr uint8_t kRendezvousVersion = 1;
+inline constexpr uint8_t kRendezvousVersion = 2;     // the highest we speak
+inline constexpr uint8_t kRendezvousMinVersion = 1;  // the lowest we speak
+inline constexpr uint8_t kRevertVersion = 2;         // the first with the reverse switch
 inline constexpr uint64_t kMarkerMagic = 0x31575348434f5352ull;  // "RSOCKSW1" little-endian
 
 struct RendezvousRequest {
   uint32_t magic;
-  uint8_t version;
-  uint8_t reserved0;
+  uint8_t version;       // the lowest version the client speaks
+  uint8_t max_version;   // the highest (0: the same as version)
   uint16_t client_port;  // network order
   uint16_t server_port;  // network order
   uint8_t reserved1[6];
@@ -64,6 +71,24 @@ struct Marker {
   uint64_t offset;
 };
 static_assert(sizeof(Marker) == 24);
+
+inline constexpr uint64_t kDownMagic = 0x314e444b434f5352ull;  // "RSOCKDN1" little-endian
+
+struct DownRecord {
+  uint64_t magic;
+  uint64_t cookie;
+  uint64_t resume;
+  uint64_t sent;
+};
+static_assert(sizeof(DownRecord) == 32);
+
+// The version a server speaks with the sender of `rq`, 0 if none.
+inline uint8_t negotiate(const RendezvousRequest& rq) {
+  uint8_t lo = rq.version, hi = rq.max_version ? rq.max_version : rq.version;
+  if (hi < lo) return 0;
+  uint8_t v = hi < kRendezvousVersion ? hi : kRendezvousVersion;
+  return v >= lo && v >= kRendezvousMinVersion ? v : 0;
+}
 
 // Application control message types (transport::Connection::send_control).
 // RESET: the peer closed with SO_LINGER {1, 0}; like a TCP RST, the

@@ -2,6 +2,7 @@
 // The data path is in connection_datapath.cc.
 #include "transport/connection.h"
 
+#include "transport/cm_hub.h"
 #include "transport/fds.h"
 
 #include <fcntl.h>
@@ -12,7 +13,6 @@
 
 #include <utility>
 #include <sys/mman.h>
-#include <sys/timerfd.h>
 #include <time.h>
 
 #include <algorithm>
@@ -54,23 +54,67 @@ Connection::Connection(const config::Tunables& tun) : tun_(tun) {
   recv_slots_ = std::clamp<uint32_t>(tun.recv_slots, 4, wire::kMaxRecvSlots);
 }
 
+// A connection opens no fd of its own until its completion channel: rdma_cm
+// events come through the process's shared channel.
 Status<void> Connection::init_fds() {
-  own_device_fds();
-  cm_ch_ = rdma_create_event_channel();
-  if (cm_ch_ == nullptr) return Err(errno ? errno : ENODEV);
-  own_channel(cm_ch_);
-  if (auto s = set_nonblock(cm_ch_->fd); !s) return s;
-  epfd_ = sys::own_fd(sys::libc.epoll_create1(EPOLL_CLOEXEC));
-  if (epfd_ < 0) return Err(errno);
-  timerfd_ = sys::own_fd(timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
-  if (timerfd_ < 0) return Err(errno);
-  for (int f : {cm_ch_->fd, timerfd_}) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = f;
-    if (sys::libc.epoll_ctl(epfd_, EPOLL_CTL_ADD, f, &ev) < 0) return Err(errno);
-  }
+  if (cm_hub::channel() == nullptr) return Err(errno ? errno : ENODEV);
   return Ok();
+}
+
+int Connection::fd() const { return comp_ch_ ? comp_ch_->fd : -1; }
+
+void Connection::set_notify(void (*fn)(void*), void* arg) {
+  std::lock_guard lk(cm_hub::mu());
+  notify_fn_ = fn;
+  notify_arg_ = arg;
+}
+
+void Connection::deliver_cm_event(const rdma_cm_event& ev) {
+  if (cm_n_ == kCmQueue) {
+    cm_overflow_ = true;
+  } else {
+    QueuedCmEvent& q = cm_q_[cm_n_++];
+    q.ev = ev;
+    q.pd = {};
+    if (ev.param.conn.private_data != nullptr) {
+      // Only valid until the hub acknowledges the event.
+      size_t len = std::min<size_t>(ev.param.conn.private_data_len, sizeof q.pd);
+      std::memcpy(&q.pd, ev.param.conn.private_data, len);
+      q.ev.param.conn.private_data = &q.pd;
+      q.ev.param.conn.private_data_len = static_cast<uint8_t>(len);
+    }
+  }
+  cm_pending_.store(true, std::memory_order_release);
+  if (notify_fn_ != nullptr) notify_fn_(notify_arg_);
+}
+
+// One event at a time off the queue, handled without the hub's lock (a
+// handler calls into rdma_cm, which may block briefly).
+void Connection::handle_queued_cm_events() {
+  if (!cm_pending_.load(std::memory_order_acquire)) return;
+  for (;;) {
+    QueuedCmEvent q;
+    {
+      std::lock_guard lk(cm_hub::mu());
+      if (cm_overflow_) {
+        cm_overflow_ = false;
+        cm_n_ = 0;
+        cm_pending_.store(false, std::memory_order_relaxed);
+        LOG_WARN("transport: rdma_cm event queue overflow on qp %u", qp_num());
+        fail(ECONNRESET);
+        return;
+      }
+      if (cm_n_ == 0) {
+        cm_pending_.store(false, std::memory_order_relaxed);
+        return;
+      }
+      q = cm_q_[0];
+      for (int i = 1; i < cm_n_; i++) cm_q_[i - 1] = cm_q_[i];
+      cm_n_--;
+    }
+    if (q.ev.param.conn.private_data != nullptr) q.ev.param.conn.private_data = &q.pd;
+    (void)handle_cm_event(q.ev);
+  }
 }
 
 Status<std::unique_ptr<Connection>> Connection::connect(const sockaddr* dst, const sockaddr* src,
@@ -82,13 +126,12 @@ Status<std::unique_ptr<Connection>> Connection::connect(const sockaddr* dst, con
   if (auto s = c->init_fds(); !s) return Err(s.error());
   std::memcpy(c->my_payload_, payload.data(), payload.size());
   c->my_payload_len_ = static_cast<uint8_t>(payload.size());
-  if (rdma_create_id(c->cm_ch_, &c->id_, c.get(), RDMA_PS_TCP) != 0) return Err(errno);
+  if (rdma_create_id(cm_hub::channel(), &c->id_, c.get(), RDMA_PS_TCP) != 0) return Err(errno);
   c->state_ = State::kResolvingAddr;
   c->deadline_ns_ = now_ns() + uint64_t{tun.resolve_timeout_ms} * 1000000;
   if (rdma_resolve_addr(c->id_, const_cast<sockaddr*>(src), const_cast<sockaddr*>(dst),
                         static_cast<int>(tun.resolve_timeout_ms)) != 0)
     return Err(errno);
-  c->update_timer();
   return c;
 }
 
@@ -104,10 +147,6 @@ Status<void> Connection::create_resources() {
   if (comp_ch_ == nullptr) return Err(errno ? errno : ENOMEM);
   own_channel(comp_ch_);  // before ibv_create_cq hands its number to the kernel
   if (auto s = set_nonblock(comp_ch_->fd); !s) return s;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = comp_ch_->fd;
-  if (sys::libc.epoll_ctl(epfd_, EPOLL_CTL_ADD, comp_ch_->fd, &ev) < 0) return Err(errno);
   cq_ = ibv_create_cq(ctx, static_cast<int>(sq_depth_ + recv_slots_ + 1), this, comp_ch_, 0);
   if (cq_ == nullptr) return Err(errno ? errno : ENOMEM);
 
@@ -327,38 +366,33 @@ Status<void> Connection::debug_break_silently() {
   return Ok();
 }
 
-uint32_t Connection::qp_num() const { return qp_created_ && id_->qp ? id_->qp->qp_num : 0; }
-
-void Connection::drain_fd(int f) {
-  uint64_t buf;
-  while (sys::libc.read(f, &buf, sizeof buf) > 0) {
+void Connection::copy_sent(uint64_t from, std::byte* out, size_t n) const {
+  while (n > 0) {
+    size_t off = sring_.offset(from);
+    size_t k = std::min<size_t>(n, ring_bytes_ - off);
+    std::memcpy(out, tx_mem_ + off, k);
+    out += k;
+    from += k;
+    n -= k;
   }
 }
 
+void Connection::abort() {
+  if (state_ == State::kError) return;
+  fail(ECONNABORTED);
+}
+
+uint32_t Connection::qp_num() const { return qp_created_ && id_->qp ? id_->qp->qp_num : 0; }
+
 Status<void> Connection::progress() {
-  // One epoll_wait says which of our fds has something: the others cost no
-  // syscall (this runs on every wakeup of the socket layer).
-  epoll_event evs[4];
-  bool timer_ready = false, comp_ready = false, cm_ready = false;
-  int n = sys::libc.epoll_wait(epfd_, evs, 4, 0);
-  for (int i = 0; i < n; ++i) {
-    int f = evs[i].data.fd;
-    timer_ready |= f == timerfd_;
-    comp_ready |= comp_ch_ != nullptr && f == comp_ch_->fd;
-    cm_ready |= cm_ch_ != nullptr && f == cm_ch_->fd;
-  }
-  if (timer_ready) {
-    drain_fd(timerfd_);
-    timer_armed_ns_ = 0;
-  }
   if (cq_ != nullptr) {
     // The completion channel: take its event so fd() goes quiet; the CQ is
-    // re-armed below before anyone can sleep on it. One read: an armed CQ
-    // raises one event (a second one, if any, leaves the fd readable and is
-    // taken next time), and a read that finds nothing is a wasted syscall.
+    // re-armed below before anyone can sleep on it. One read, and only while
+    // armed (an unarmed CQ raises no event): an armed CQ raises one event (a
+    // second one, if any, leaves the fd readable and is taken next time).
     ibv_cq* ecq;
     void* ectx;
-    if (comp_ready && ibv_get_cq_event(comp_ch_, &ecq, &ectx) == 0) {
+    if (cq_armed_ && ibv_get_cq_event(comp_ch_, &ecq, &ectx) == 0) {
       ibv_ack_cq_events(ecq, 1);
       cq_armed_ = false;
       ++ctr_.cq_events;
@@ -366,19 +400,9 @@ Status<void> Connection::progress() {
     while (poll_cq()) {
     }
   }
-  rdma_cm_event* ev;
-  while (cm_ready && cm_ch_ != nullptr && rdma_get_cm_event(cm_ch_, &ev) == 0) {
-    rdma_cm_event copy = *ev;  // private data is only valid until the ack
-    wire::SetupBlock pd{};
-    if (ev->param.conn.private_data != nullptr) {
-      size_t len = std::min<size_t>(ev->param.conn.private_data_len, sizeof pd);
-      std::memcpy(&pd, ev->param.conn.private_data, len);
-      copy.param.conn.private_data = &pd;
-      copy.param.conn.private_data_len = static_cast<uint8_t>(len);
-    }
-    rdma_ack_cm_event(ev);
-    (void)handle_cm_event(copy);
-  }
+  // Nobody else reads the shared rdma_cm channel (no progress thread): we do.
+  if (!cm_hub::serviced()) cm_hub::poll();
+  handle_queued_cm_events();
   if (cq_ != nullptr) {
     flush_pending();
     if (!cq_armed_ && state_ != State::kError) {
@@ -389,10 +413,8 @@ Status<void> Connection::progress() {
       flush_pending();
     }
   }
-  // The coarse clock unless the timer fired: it may lag the deadline the
-  // timer was set for, and the timer would then fire again at once.
-  check_timers(timer_ready ? now_ns() : coarse_now_ns());
-  update_timer();
+  // Setup and close deadlines need the precise clock; the keepalive does not.
+  check_timers(deadline_ns_ != 0 ? now_ns() : coarse_now_ns());
   if (state_ == State::kError) return Err(err_);
   return Ok();
 }
@@ -414,25 +436,12 @@ void Connection::check_timers(uint64_t now) {
   }
 }
 
-void Connection::update_timer() {
-  if (timerfd_ < 0) return;
-  uint64_t next = deadline_ns_;
-  if (state_ == State::kEstablished && tun_.keepalive_ms != 0) {
-    uint64_t ka = last_tx_ns_ + uint64_t{tun_.keepalive_ms} * 1000000;
-    if (next == 0 || ka < next) next = ka;
-  }
-  // Only ever move the timer earlier: a keepalive timer that fires before the
-  // (since postponed) keepalive is due costs one wakeup; re-arming on every
-  // send would cost a syscall each.
-  if (next == 0 || (timer_armed_ns_ != 0 && timer_armed_ns_ <= next)) return;
-  itimerspec its{};
-  if (next != 0) {
-    its.it_value.tv_sec = static_cast<time_t>(next / 1000000000);
-    its.it_value.tv_nsec = static_cast<long>(next % 1000000000);
-    if (next <= now_ns()) its.it_value.tv_nsec += 1;  // fire now (0 would disarm)
-  }
-  timerfd_settime(timerfd_, TFD_TIMER_ABSTIME, &its, nullptr);
-  timer_armed_ns_ = next;
+// What wait() sleeps on: the completion channel and, when no progress thread
+// reads the shared rdma_cm channel, that too.
+void Connection::wait_fds(pollfd* out, int* n) const {
+  *n = 0;
+  if (comp_ch_ != nullptr) out[(*n)++] = {comp_ch_->fd, POLLIN, 0};
+  if (!cm_hub::serviced() && cm_hub::fd() >= 0) out[(*n)++] = {cm_hub::fd(), POLLIN, 0};
 }
 
 bool Connection::wait_done(short events) const {
@@ -461,9 +470,17 @@ Status<void> Connection::wait(short events, int timeout_ms) {
       continue;
     }
     if (now >= end) return Err(ETIMEDOUT);
-    int ms = end == UINT64_MAX ? -1 : static_cast<int>((end - now + 999999) / 1000000);
-    pollfd p{epfd_, POLLIN, 0};
-    int r = sys::libc.poll(&p, 1, ms);
+    // Bounded by our own deadlines and keepalive: no timer fd wakes us.
+    uint64_t until = end;
+    if (deadline_ns_ != 0) until = std::min(until, deadline_ns_);
+    if (state_ == State::kEstablished && tun_.keepalive_ms != 0)
+      until = std::min(until, last_tx_ns_ + uint64_t{tun_.keepalive_ms} * 1000000);
+    int ms = until == UINT64_MAX ? -1
+                                 : static_cast<int>((std::max(until, now) - now + 999999) / 1000000);
+    pollfd p[2];
+    int np;
+    wait_fds(p, &np);
+    int r = sys::libc.poll(p, static_cast<nfds_t>(np), ms);
     if (r < 0 && errno != EINTR) return Err(errno);
     slept_ready = true;
   }
@@ -493,23 +510,15 @@ void Connection::destroy_resources() {
     comp_ch_ = nullptr;
   }
   if (id_) {
+    cm_hub::forget(id_);  // no event is delivered to us after this
     rdma_destroy_id(id_);
     id_ = nullptr;
-  }
-  if (cm_ch_) {
-    disown_channel(cm_ch_);
-    rdma_destroy_event_channel(cm_ch_);
-    cm_ch_ = nullptr;
   }
   if (rx_ring_) munmap(rx_ring_, rx_map_bytes_);
   if (tx_mem_) munmap(tx_mem_, tx_map_bytes_);
   if (rbufs_) munmap(rbufs_, rbuf_map_bytes_);
   rx_ring_ = tx_mem_ = rbufs_ = nullptr;
   pinned::release(std::exchange(pinned_bytes_, 0));
-  for (int* f : {&timerfd_, &epfd_}) {
-    sys::close_owned(*f);
-    *f = -1;
-  }
 }
 
 Connection::~Connection() {
@@ -517,8 +526,10 @@ Connection::~Connection() {
     (void)close();
     uint64_t end = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;
     while (!closed() && now_ns() < end) {
-      pollfd p{epfd_, POLLIN, 0};
-      sys::libc.poll(&p, 1, 10);
+      pollfd p[2];
+      int np;
+      wait_fds(p, &np);
+      sys::libc.poll(p, static_cast<nfds_t>(np), 10);
       (void)progress();
     }
   }

@@ -1,10 +1,13 @@
 // Connection: one reliable byte stream over an RC QP (rdma_cm, RDMA_PS_TCP).
 //
 // Everything is nonblocking: calls return Err(EAGAIN) when they would block and
-// the caller waits for fd() to become readable, then calls progress(). fd() is
-// an internal epoll fd that combines this connection's rdma_cm event channel,
-// its CQ completion channel and a timerfd for deadlines and keepalives, so a
-// sleeping caller is woken for every state change the connection cares about.
+// the caller waits for fd() to become readable or for its notify callback,
+// then calls progress(). fd() is the connection's CQ completion channel (-1
+// until the route is resolved): the only fd a connection has of its own.
+// rdma_cm events arrive through the process's shared channel (cm_hub.h),
+// which queues them here and calls the notify callback. Deadlines and
+// keepalives are checked by progress(), which the owner calls often enough
+// (the socket layer's progress thread ticks; wait() bounds its sleeps).
 // Data already buffered does not make fd() readable: check readable() first.
 //
 // Thread safety: none inside. One thread at a time per Connection (the socket
@@ -15,9 +18,13 @@
 #pragma once
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <rdma/rdma_cma.h>
+
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -31,9 +38,6 @@
 #include "transport/wire.h"
 #include "util/status.h"
 
-struct rdma_cm_id;
-struct rdma_cm_event;
-struct rdma_event_channel;
 struct ibv_pd;
 struct ibv_cq;
 struct ibv_mr;
@@ -84,7 +88,14 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  int fd() const { return epfd_; }
+  // The completion channel's fd, -1 while there is none (still resolving).
+  int fd() const;
+  // Called (from any thread, under cm_hub::mu(): it must not block or take
+  // locks) when an rdma_cm event was queued for this connection.
+  // An event queued before this call is handled by the next progress().
+  void set_notify(void (*fn)(void*), void* arg);
+  // cm_hub only, under cm_hub::mu().
+  void deliver_cm_event(const rdma_cm_event& ev);
   // Handles cm events, completions, deadlines and keepalives. Returns the
   // connection's error once it has one (ECONNREFUSED, ETIMEDOUT, ECONNRESET..).
   Status<void> progress();
@@ -151,6 +162,21 @@ class Connection {
   Gauges gauges() const;
   uint64_t tx_position() const { return tx_.head(); }  // stream bytes sent
   uint64_t rx_position() const { return rx_.tail(); }  // stream bytes consumed
+  uint64_t rx_arrived() const { return rx_.head(); }   // stream bytes received
+
+  // For the socket layer's reverse switch (RDMA back to TCP): the stream
+  // bytes still held in the send ring are [retained_from(), tx_position()):
+  // everything the peer has not reported consumed. copy_sent copies n of
+  // them from stream position `from` (the caller checks the range).
+  uint64_t retained_from() const { return sring_.floor(); }
+  void copy_sent(uint64_t from, std::byte* out, size_t n) const;
+  // Stops at once: no FIN, no linger, a DREQ and the QP in error. The rings
+  // stay readable until the Connection is destroyed, which then never blocks.
+  void abort();
+  // The peer disconnected after its FIN but without CLOSE: it stopped using
+  // this connection without closing its socket (a reverse switch after
+  // shutdown(SHUT_WR)), so our direction may go on elsewhere.
+  bool peer_left_open() const { return disconnected_ && fin_received_ && !close_received_; }
   uint32_t max_inline() const { return max_inline_; }
 
   // Tests only: moves the QP to the error state without telling the peer
@@ -168,6 +194,8 @@ class Connection {
   explicit Connection(const config::Tunables& tun);
   // connection.cc: setup and teardown
   Status<void> init_fds();
+  void handle_queued_cm_events();
+  void wait_fds(pollfd* out, int* n) const;
   Status<void> create_resources();
   void destroy_resources();
   void fill_setup(wire::SetupBlock* b, wire::SetupKind kind,
@@ -176,8 +204,6 @@ class Connection {
   void on_established(const void* pdata, size_t len);
   void fail(int err);
   void disconnect();
-  void drain_fd(int fd);
-  void update_timer();
   void check_timers(uint64_t now);
   // connection_datapath.cc: hot path
   bool poll_cq();                 // true if any completion was handled
@@ -203,8 +229,7 @@ class Connection {
   uint64_t pinned_bytes_ = 0;  // taken from the pinned-memory budget
 
   // verbs/cm objects, all owned; destroy_resources() releases each once.
-  rdma_event_channel* cm_ch_ = nullptr;
-  rdma_cm_id* id_ = nullptr;
+  rdma_cm_id* id_ = nullptr;  // on cm_hub::channel(), context = this
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* comp_ch_ = nullptr;
   ibv_cq* cq_ = nullptr;
@@ -218,8 +243,6 @@ class Connection {
   std::byte* tx_mem_ = nullptr;  // send ring followed by sq_depth_ control buffers
   std::byte* rbufs_ = nullptr;
   size_t rx_map_bytes_ = 0, tx_map_bytes_ = 0, rbuf_map_bytes_ = 0;
-  int epfd_ = -1;
-  int timerfd_ = -1;
 
   uint32_t ring_bytes_ = 0;
   uint32_t sq_depth_ = 0;
@@ -246,12 +269,27 @@ class Connection {
 
   uint64_t deadline_ns_ = 0;     // setup / close bound, 0 = none
   uint64_t last_tx_ns_ = 0;      // last WR posted (keepalive when idle)
-  uint64_t timer_armed_ns_ = 0;
   bool fin_pending_ = false, fin_sent_ = false, fin_received_ = false;
   bool close_pending_ = false, close_sent_ = false, peer_closed_ = false;
   bool disconnected_ = false;
+  bool close_received_ = false;  // the peer's CLOSE: it closed its socket
   std::deque<ControlMessage> controls_;
   Counters ctr_;
+
+  // rdma_cm events queued by cm_hub, under cm_hub::mu(). A connection sees a
+  // handful in its life (resolved x2, established/rejected, disconnected,
+  // timewait exit); more than fit means something is badly wrong.
+  struct QueuedCmEvent {
+    rdma_cm_event ev;
+    wire::SetupBlock pd;  // ev.param.conn.private_data points here
+  };
+  static constexpr int kCmQueue = 8;
+  QueuedCmEvent cm_q_[kCmQueue];
+  uint8_t cm_n_ = 0;
+  bool cm_overflow_ = false;
+  std::atomic<bool> cm_pending_{false};
+  void (*notify_fn_)(void*) = nullptr;
+  void* notify_arg_ = nullptr;
 };
 
 }  // namespace rsock::transport

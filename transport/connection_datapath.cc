@@ -200,6 +200,7 @@ bool Connection::handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_
       wire::CreditBlock cb;
       std::memcpy(&cb, buf, sizeof cb);
       if (!tx_.accept_credit(cb.consumed, cb.slots)) return false;
+      sring_.retain_from(tx_.consumed());
       ++ctr_.credits_received;
       return true;
     }
@@ -215,6 +216,7 @@ bool Connection::handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_
         case wire::ControlType::kClose:
           if (len != 0) return false;
           peer_closed_ = true;
+          close_received_ = true;
           return true;
         case wire::ControlType::kApp: {
           if (len < 1 || controls_.size() >= kMaxControlQueue) return false;
@@ -317,22 +319,20 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
       ++ctr_.credit_stalls;
       break;
     }
-    size_t n = std::min<uint64_t>({left, tx_.contiguous(), max_chunk});
-    alignas(8) std::byte stack[kMaxInlineStack];
+    size_t n = std::min<uint64_t>({left, tx_.contiguous(), max_chunk, sring_.contiguous()});
+    if (n == 0) break;  // local ring full: wait for completions and credits
+    // Every byte goes through the send ring, inline ones too: it is the copy
+    // a reverse switch resends from (SendRing). Inline data is read from
+    // there by the post itself; the rest by the device.
     ibv_sge sge{};
     ibv_send_wr wr{};
+    std::byte* dst = tx_mem_ + sring_.offset();
+    cur.copy(dst, n, false);
+    sring_.produce(n);
+    sge = {reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(n), tx_mr_->lkey};
     if (n <= inline_limit) {
-      cur.copy(stack, n, false);
-      sge = {reinterpret_cast<uintptr_t>(stack), static_cast<uint32_t>(n), 0};
       wr.send_flags = IBV_SEND_INLINE;
       ++ctr_.inline_wrs;
-    } else {
-      n = std::min<uint64_t>(n, sring_.contiguous());
-      if (n == 0) break;  // local ring full: wait for our own completions
-      std::byte* dst = tx_mem_ + sring_.offset();
-      cur.copy(dst, n, false);
-      sring_.produce(n);
-      sge = {reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(n), tx_mr_->lkey};
     }
     bool sig = signal_next(false);
     if (sig) wr.send_flags |= IBV_SEND_SIGNALED;

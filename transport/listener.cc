@@ -1,6 +1,7 @@
 // Passive side of connection setup: listen, validate requests, accept/reject.
 #include "transport/listener.h"
 
+#include "transport/cm_hub.h"
 #include "transport/fds.h"
 
 #include <fcntl.h>
@@ -129,15 +130,25 @@ Status<std::unique_ptr<Connection>> Listener::accept(IncomingRequest req,
   std::unique_ptr<Connection> c(new (std::nothrow) Connection(tun_));
   if (!c) return Err(ENOMEM);
   Status<void> s = c->init_fds();
-  if (s && rdma_migrate_id(req.id_, c->cm_ch_) != 0) s = Err(errno);
   if (!s) {
     reject(std::move(req), RejectReason::kNoResources);
     return Err(s.error());
   }
+  // The id's context names its Connection before any event of it can reach
+  // the shared channel (cm_hub delivers by context).
+  {
+    std::lock_guard lk(cm_hub::mu());
+    req.id_->context = c.get();
+  }
+  if (rdma_migrate_id(req.id_, cm_hub::channel()) != 0) {
+    int e = errno;
+    cm_hub::forget(req.id_);
+    reject(std::move(req), RejectReason::kNoResources);
+    return Err(e);
+  }
   // From here the Connection owns the id: it destroys it on any failure.
   c->id_ = req.id_;
   req.id_ = nullptr;
-  c->id_->context = c.get();
   c->peer_ = req.setup_;
   c->tx_.init(c->peer_.ring_bytes, c->peer_.recv_slots);
   s = c->create_resources();
@@ -155,7 +166,6 @@ Status<std::unique_ptr<Connection>> Listener::accept(IncomingRequest req,
   if (rdma_accept(c->id_, &p) != 0) return Err(errno);
   c->state_ = Connection::State::kAccepting;
   c->deadline_ns_ = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;
-  c->update_timer();
   return c;
 }
 

@@ -115,17 +115,26 @@ class RxWindow {
   uint64_t slots_advertised_ = 0;
 };
 
-// The local send (staging) ring: [tail, head) is posted but not yet completed.
+// The local send ring: [tail, head) is posted but not yet completed. Every
+// DATA byte passes through it (inline ones too), so its positions are the
+// stream's. Space is reused only once the peer has also *consumed* the bytes
+// (retain_from, from its credits): until then they may have to be sent again
+// over TCP when the connection switches back (docs/DESIGN.md, "The reverse
+// switch"). The peer's ring is never larger than what it granted, so this
+// costs no throughput when both rings have the same size.
 class SendRing {
  public:
-  void init(uint32_t bytes) { size_ = bytes; head_ = tail_ = 0; }
+  void init(uint32_t bytes) { size_ = bytes; head_ = tail_ = keep_ = 0; }
   uint64_t head() const { return head_; }
   uint64_t tail() const { return tail_; }
-  uint64_t free_bytes() const { return size_ - (head_ - tail_); }
+  // The oldest byte still held: neither completed nor consumed yet.
+  uint64_t floor() const { return std::min(tail_, keep_); }
+  uint64_t free_bytes() const { return size_ - (head_ - floor()); }
   uint64_t contiguous() const {
     return std::min<uint64_t>(free_bytes(), size_ - (head_ & (size_ - 1)));
   }
   uint64_t offset() const { return head_ & (size_ - 1); }
+  uint64_t offset(uint64_t pos) const { return pos & (size_ - 1); }
   void produce(uint64_t n) { head_ += n; }
   // A send completion reports the head at post time (its wr_id).
   bool complete(uint64_t upto) {
@@ -133,11 +142,16 @@ class SendRing {
     tail_ = upto;
     return true;
   }
+  // The peer consumed everything before `pos` (monotonic, <= head).
+  void retain_from(uint64_t pos) {
+    if (pos > keep_ && pos <= head_) keep_ = pos;
+  }
 
  private:
   uint32_t size_ = 0;
   uint64_t head_ = 0;
   uint64_t tail_ = 0;
+  uint64_t keep_ = 0;
 };
 
 }  // namespace rsock::transport

@@ -47,6 +47,14 @@ int dup_high(int fd) {
 
 }  // namespace
 
+bool owned_fd_room(int n) {
+  rlimit rl{};
+  long top = kOwnedFdTop;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && long(rl.rlim_cur) < top)
+    top = long(rl.rlim_cur);
+  return long(g_count.load(std::memory_order_relaxed)) + n <= top / 2;
+}
+
 int own_fd(int fd) {
   if (fd < 0) return fd;
   if (int nfd = dup_high(fd); nfd >= 0) {

@@ -37,6 +37,10 @@ bool owned_fd(int fd);
 void close_owned(int fd);
 // How many fds librsock owns now.
 int owned_fd_count();
+// Whether librsock may own n more fds: it keeps to the upper half of the fd
+// space below min(RLIMIT_NOFILE, kOwnedFdTop), so the program always has
+// the lower half for itself (one getrlimit).
+bool owned_fd_room(int n);
 
 // Above this, the kernel's per-process fd table would grow (8 bytes per
 // number) only to keep our fds far from the program's.

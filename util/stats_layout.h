@@ -19,8 +19,9 @@ namespace rsock::stats {
 // rest of the header is valid: a reader that sees 0 skips a file in creation.
 constexpr uint64_t kMagic = 0x0054534b434f5352ull;
 // 2: fallback reason kForked; 3: kRejected (was kConnectFailed, with the
-// peer's reason in SlotInfo::peer_reason), kNoResources, kMemlock, kConnectFailed
-constexpr uint32_t kLayoutVersion = 3;
+// peer's reason in SlotInfo::peer_reason), kNoResources, kMemlock, kConnectFailed;
+// 4: kPathFailed, kHandedOff, kReleased (an upgraded connection switched back)
+constexpr uint32_t kLayoutVersion = 4;
 constexpr uint32_t kInitialSlots = 64;
 constexpr uint32_t kMaxFiles = 20;  // main + 19 extensions, doubling: ~33M slots
 
@@ -56,8 +57,13 @@ enum class FallbackReason : uint8_t {
   kOther = 13,
   kMemlock = 14,        // the pinned-memory budget (RLIMIT_MEMLOCK) is used up
   kConnectFailed = 15,  // rdma_connect failed otherwise (unreachable, connect error)
+  // An upgraded connection that switched back to TCP (the reverse switch):
+  kPathFailed = 16,     // its RDMA path failed (QP error, retries exceeded, device gone)
+  kHandedOff = 17,      // fork() or fd passing: another process may use it next
+  kReleased = 18,       // asked to (RSOCK_REVERT), or to give its resources back
+  kFdLimit = 19,        // librsock's half of RLIMIT_NOFILE is used up (3 fds per connection)
 };
-constexpr int kFallbackReasons = 16;
+constexpr int kFallbackReasons = 20;
 
 const char* transport_name(Transport t);
 const char* state_name(ConnState s);

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,11 +40,9 @@ int wait_child(pid_t pid) {
 }  // namespace
 
 TEST_CASE("fork: parent and child share an inherited connection") {
-  // Not awaiting the upgrade: a connection already on RDMA cannot be shared
-  // with a fork child (librsock's documented limit, docs/DESIGN.md "fork");
-  // one still upgrading at fork() stays on TCP in both processes.
-  // Loopback, which librsock never upgrades: a pair on rxe could finish its
-  // upgrade before fork() however soon fork() comes.
+  // Both processes use the connection at once: loopback, which librsock never
+  // upgrades (a connection on RDMA is switched back to TCP at fork(), see
+  // below; this case is about plain sharing).
   Pair p = connected_pair(AF_INET6);
   pid_t pid = fork();
   REQUIRE(pid >= 0);
@@ -73,28 +72,57 @@ TEST_CASE("fork: parent and child share an inherited connection") {
   CHECK(eof);
 }
 
-TEST_CASE("fork: an upgraded connection fails cleanly in the child, the parent keeps it") {
-  // librsock's documented fork limit (docs/DESIGN.md "fork"): the RDMA queue
-  // pair stays with the parent. Without the library there is nothing to test.
-  if (!expect_rdma()) return;
+// The transport a socket uses, or -1 without librsock (preload/librsock.h).
+static int transport_of(int fd) {
+  int t = -1;
+  socklen_t len = sizeof t;
+  if (getsockopt(fd, 0x5253 /* SOL_RSOCK */, 1 /* RSOCK_TRANSPORT */, &t, &len) != 0) return -1;
+  return t;
+}
+
+// Upgraded before fork() (in upgrade.conformance): librsock switches the
+// connection back to TCP before fork() returns (docs/DESIGN.md, "The
+// reverse switch"), so whichever process goes on sees exactly what it would
+// see on kernel TCP, with bytes in flight in both directions at fork time.
+TEST_CASE("fork: a connection upgraded before fork() goes on in the child, the parent closes") {
   Pair p = connected_pair();
-  REQUIRE(write_all(p.server, "before", 6) == 6);  // unread in the parent at fork
+  REQUIRE(write_all(p.server, "before", 6) == 6);  // unread by the client at fork
+  REQUIRE(write_all(p.client, "hello", 5) == 5);   // unread by the server at fork
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     char b[8];
-    // Like a reset connection: an error, never a byte (and never the
-    // parent's unread "before").
-    ssize_t r = send(p.client, "x", 1, MSG_NOSIGNAL);
-    if (r != -1 || (errno != ECONNRESET && errno != EPIPE)) _exit(2);
-    r = read(p.client, b, sizeof b);
-    if (r > 0 || (r < 0 && errno != ECONNRESET)) _exit(3);
+    if (read_exact(p.client, b, 6) != 6 || memcmp(b, "before", 6) != 0) _exit(2);
+    if (write_all(p.client, "child", 5) != 5) _exit(3);
+    if (read_exact(p.client, b, 5) != 5 || memcmp(b, "reply", 5) != 0) _exit(4);
+    _exit(0);
+  }
+  REQUIRE(p.client.reset() == 0);  // the parent's copy: the child has the connection now
+  char b[10];
+  REQUIRE(read_exact(p.server, b, 10) == 10);
+  CHECK(memcmp(b, "hellochild", 10) == 0);
+  REQUIRE(write_all(p.server, "reply", 5) == 5);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  bool eof = false;
+  read_to_eof(p.server, nullptr, &eof);  // the child's exit closed the last copy
+  CHECK(eof);
+  if (expect_rdma()) CHECK(transport_of(p.server) == 0);  // back on TCP, no error
+}
+
+TEST_CASE("fork: a connection upgraded before fork() goes on in the parent, the child closes") {
+  Pair p = connected_pair();
+  REQUIRE(write_all(p.server, "before", 6) == 6);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(p.client.release());
     _exit(0);
   }
   int status = wait_child(pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  // Nothing the child did reached the stream: the parent's bytes are intact.
   char b[8];
   REQUIRE(read_exact(p.client, b, 6) == 6);
   CHECK(memcmp(b, "before", 6) == 0);
@@ -102,6 +130,67 @@ TEST_CASE("fork: an upgraded connection fails cleanly in the child, the parent k
   REQUIRE(read_exact(p.server, b, 5) == 5);
   CHECK(memcmp(b, "after", 5) == 0);
   CHECK(poll_one(p.server, POLLIN, 50) == 0);
+  if (expect_rdma()) {
+    CHECK(transport_of(p.client) == 0);
+    CHECK(transport_of(p.server) == 0);
+  }
+}
+
+TEST_CASE("fd passing: a connection upgraded before it is sent goes on in the receiver") {
+  int us[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, us) == 0);
+  Fd a(us[0]), w(us[1]);
+  pid_t pid = fork();  // the worker exists before the connection
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    a.release();
+    char d;
+    iovec v{&d, 1};
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+    msghdr m{};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    if (recvmsg(w, &m, 0) != 1) _exit(2);
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    if (!c || c->cmsg_type != SCM_RIGHTS) _exit(3);
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    char b[8];
+    if (read_exact(fd, b, 6) != 6 || memcmp(b, "before", 6) != 0) _exit(4);
+    if (write_all(fd, "worker", 6) != 6) _exit(5);
+    close(fd);
+    _exit(0);
+  }
+  w.reset();
+  Pair p = connected_pair();
+  REQUIRE(write_all(p.server, "before", 6) == 6);
+  char d = 'x';
+  iovec v{&d, 1};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  int cfd = p.client;
+  memcpy(CMSG_DATA(c), &cfd, sizeof cfd);
+  REQUIRE(sendmsg(a, &m, 0) == 1);
+  REQUIRE(p.client.reset() == 0);
+  char b[8];
+  REQUIRE(read_exact(p.server, b, 6) == 6);
+  CHECK(memcmp(b, "worker", 6) == 0);
+  bool eof = false;
+  read_to_eof(p.server, nullptr, &eof);
+  CHECK(eof);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("fork: a child accepting on an inherited listener (preforking server)") {
@@ -183,8 +272,11 @@ TEST_CASE("exec: a connected socket survives exec; FD_CLOEXEC ones do not") {
   CHECK(WEXITSTATUS(status) == 0);
 }
 
-TEST_CASE("exec: bytes an exec'd child writes to an upgraded connection reset it, never vanish") {
-  if (!expect_rdma()) return;  // only meaningful over RDMA
+// The inetd shape: a child execs a program that writes to the connection it
+// inherited. On RDMA before fork(), librsock switched it back to TCP at
+// fork(), so the new image (which knows nothing of librsock's state) writes
+// to a plain TCP socket and its bytes arrive as on kernel TCP.
+TEST_CASE("exec: bytes an exec'd child writes to an inherited upgraded connection arrive") {
   Pair p = connected_pair();
   const int kKeep = 7;
   pid_t pid = fork();
@@ -197,13 +289,14 @@ TEST_CASE("exec: bytes an exec'd child writes to an upgraded connection reset it
   }
   // The parent keeps its copy open: the server's stream is not ended by it.
   char b[8];
-  errno = 0;
-  ssize_t r = read(p.server, b, sizeof b);
-  CHECK(r == -1);
-  CHECK(errno == ECONNRESET);
+  REQUIRE(read_exact(p.server, b, 8) == 8);
+  CHECK(memcmp(b, "exec-ok\n", 8) == 0);
   int status = wait_child(pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
+  REQUIRE(write_all(p.client, "parent", 6) == 6);
+  REQUIRE(read_exact(p.server, b, 6) == 6);
+  CHECK(memcmp(b, "parent", 6) == 0);
 }
 
 TEST_CASE("server: epoll echo server with many concurrent connections") {

@@ -8,6 +8,10 @@
 #     still correct, the rest stay on TCP with reason memlock (or, on the
 #     accepting side, the reasons that follows from it), nothing enters the
 #     negative cache, and the process prints exactly one warning line.
+#  3. fds: RLIMIT_NOFILE 1024 (the default soft limit), memlock ample, 200
+#     connections (400 sockets): librsock keeps to half the fd limit (3 fds
+#     per upgraded socket), so no EMFILE, every byte correct, the sockets
+#     beyond stay on TCP with reason fd_limit, one warning line.
 set -uo pipefail
 BUILD=$(cd "$1" && pwd) IP=$2
 LIB=$BUILD/librsock.so
@@ -22,7 +26,8 @@ trap 'rm -rf "$T"' EXIT
 fail=0
 as_user() {  # OUT CMD...: as nobody, memlock 8 MiB, like an ordinary login
   local out=$1; shift
-  (cd "$T" && timeout 300 prlimit --memlock=8388608:8388608 --nofile=4096:4096 \
+  (cd "$T" && timeout 300 prlimit --memlock=${MEMLOCK:-8388608}:${MEMLOCK:-8388608} \
+     --nofile=${NOFILE:-4096}:${NOFILE:-4096} \
      setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all \
      env LD_PRELOAD="$LIB" RSOCK_LOG_LEVEL=info RSOCK_STATS_DIR="$T/stats" \
          RSOCK_UPGRADE_TIMEOUT_MS=30000 RSOCK_CONNECT_TIMEOUT_MS=10000 RSOCK_RESOLVE_TIMEOUT_MS=5000 \
@@ -50,5 +55,17 @@ check "160 connections: exactly one warning line (got $warn)" $([ "$warn" = 1 ];
 check "160 connections: fallbacks say memlock ($fb)" $(grep -q 'memlock=[1-9]' <<<"$fb"; echo $?)
 check "160 connections: no negative cache, no false resolve/peer reasons" \
   $(! grep -qE 'negative_cache|resolve_failed|connect_failed' <<<"$fb"; echo $?)
-echo "memlock: $((7 - fail)) passed, $fail failed"
+MEMLOCK=268435456 NOFILE=1024 as_user "$T/c" "$ECHO" "$IP" --conns 200 --bytes 20000 --await-settled
+rc=$?
+grep -v '^ *$' "$T/c" | head -20
+warn=$(grep -c 'half of the fd limit' "$T/c")
+fb=$(sed -n 's/.*fallbacks:\(.*\))$/\1/p' "$T/c" | tail -1)
+rdma=$(sed -n 's/^transport: rdma=\([0-9]*\).*/\1/p' "$T/c")
+check "fds: 200 connections under ulimit -n 1024: exit 0 and every byte echoed" \
+  $([ $rc = 0 ] && grep -q '^ok 200' "$T/c"; echo $?)
+check "fds: no EMFILE" $(! grep -qi 'too many open files\|EMFILE' "$T/c"; echo $?)
+check "fds: exactly one warning line (got $warn)" $([ "$warn" = 1 ]; echo $?)
+check "fds: fallbacks say fd_limit ($fb)" $(grep -q 'fd_limit=[1-9]' <<<"$fb"; echo $?)
+check "fds: at least 150 sockets on RDMA (got ${rdma:-0})" $([ "${rdma:-0}" -ge 150 ]; echo $?)
+echo "memlock: $((12 - fail)) passed, $fail failed"
 [ $fail = 0 ]

@@ -115,7 +115,19 @@ TEST_CASE("transport SendRing: completion cursors are checked") {
   CHECK(s.contiguous() == 192);  // up to the end, then offset 0
   s.produce(192);
   CHECK(s.offset() == 0);
+  // Completed is not enough: bytes the peer has not consumed are kept for a
+  // reverse switch.
+  CHECK(s.contiguous() == 0);
+  s.retain_from(3000);
+  CHECK(s.floor() == 3000);
+  CHECK(s.contiguous() == 3000);
+  s.retain_from(6000);  // beyond the completions: those bound it now
+  CHECK(s.floor() == 4000);
   CHECK(s.contiguous() == 4000);
+  s.retain_from(5000);  // never backwards: keep stays at 6000
+  CHECK(s.floor() == 4000);
+  s.retain_from(9000);  // beyond head: ignored
+  CHECK(s.floor() == 4000);
 }
 
 namespace {

@@ -1,0 +1,33 @@
+// The rendezvous version negotiation (socket/upgrade_wire.h): a server picks
+// the highest version both ends speak; 0.1.0 peers (version 1, max_version 0)
+// keep working with later releases.
+#include <doctest/doctest.h>
+
+#include "socket/upgrade_wire.h"
+
+namespace w = rsock::socket::wire;
+
+namespace {
+w::RendezvousRequest req(uint8_t lo, uint8_t hi) {
+  w::RendezvousRequest r{};
+  r.magic = w::kRendezvousMagic;
+  r.version = lo;
+  r.max_version = hi;
+  return r;
+}
+}  // namespace
+
+TEST_CASE("rendezvous: versions are negotiated") {
+  static_assert(w::kRendezvousMinVersion == 1 && w::kRendezvousVersion == 2);
+  // This release talking to itself: the reverse switch is on.
+  CHECK(w::negotiate(req(w::kRendezvousMinVersion, w::kRendezvousVersion)) == 2);
+  // A 0.1.0 client: version 1, max_version 0 (its reserved byte).
+  CHECK(w::negotiate(req(1, 0)) == 1);
+  // A later client that still speaks 1..5: we answer with our highest.
+  CHECK(w::negotiate(req(1, 5)) == 2);
+  // A later client that dropped what we speak: no common version.
+  CHECK(w::negotiate(req(3, 5)) == 0);
+  CHECK(w::negotiate(req(0, 0)) == 0);
+  CHECK(w::negotiate(req(2, 1)) == 0);  // nonsense range
+  CHECK(w::kRevertVersion == 2);
+}

@@ -1,0 +1,454 @@
+// rsock_revert: the reverse switch (RDMA back to TCP) end to end, both ends
+// preloaded (ctest sets LD_PRELOAD), inside the RDMA VM.
+//
+//   rsock_revert CASE [MB]
+//
+// The server listens on 10.77.0.1 and starts the client with fork + exec (a
+// forked child cannot use the verbs device contexts its parent opened, and
+// librdmacm keeps those for the life of the process). Both directions then carry MB MiB (default 16) of seeded bytes
+// at once, nonblocking, and every byte is checked. Once the actor's
+// connection is on RDMA (getsockopt RSOCK_TRANSPORT, and `rdma resource show
+// qp` lists an RC QP in RTS) and a third of its bytes are out, it stops
+// reading for a moment (so the rings fill in both directions: bytes in
+// flight everywhere), then acts:
+//   revert_client / revert_server   setsockopt(RSOCK_REVERT)
+//   fail_client / fail_server       setsockopt(RSOCK_DEBUG_FAIL_PATH): the QP
+//                                   breaks without telling the peer, as a
+//                                   broken link would
+//   fork_child      the server forks; the parent closes its fd, the child
+//                   finishes the stream
+//   fork_parent     the server forks; the child closes its fd and exits, the
+//                   parent finishes the stream
+//   fdpass          a worker forked before the connection existed receives the
+//                   upgraded socket over a UNIX socket (SCM_RIGHTS) and
+//                   finishes the stream; the server closes its copy
+// Every case must end with every byte delivered exactly once, both ends
+// back on TCP, and no error. Exit 0 pass, 1 fail, 77 no RDMA device.
+//
+// Two hosts (tools/rxe-pair, tests/pair/): one end each, no action; faults
+// come from outside (link down, netem, rdma link delete). Each end prints
+// its transport at the end and must see every byte:
+//   rsock_revert --serve ADDR PORT MB        rsock_revert --connect ADDR PORT MB
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "preload/librsock.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+const char* kAddr = "10.77.0.1";
+constexpr double kTimeoutS = 240;
+const char* g_who = "server";
+
+void say(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char b[512];
+  vsnprintf(b, sizeof b, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "revert[%s %d]: %s\n", g_who, getpid(), b);
+}
+[[noreturn]] void fail(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char b[512];
+  vsnprintf(b, sizeof b, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "revert[%s %d]: FAIL: %s\n", g_who, getpid(), b);
+  _exit(1);
+}
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// The seeded byte stream: n bytes from position i, one mix per 8 bytes (TCG
+// is slow).
+void fill(uint64_t seed, uint64_t i, unsigned char* out, size_t n) {
+  size_t k = 0;
+  while (k < n) {
+    uint64_t pos = i + k, w = mix(seed ^ (pos >> 3) * 0x100000001b3ull);
+    for (unsigned b = unsigned(pos & 7); b < 8 && k < n; b++, k++) out[k] = (unsigned char)(w >> (8 * b));
+  }
+}
+
+int transport(int fd) {
+  int t = -1;
+  socklen_t l = sizeof t;
+  if (getsockopt(fd, SOL_RSOCK, RSOCK_TRANSPORT, &t, &l) != 0) return -1;
+  return t;
+}
+
+// The kernel's own view: RC QPs in RTS right now.
+int rts_qps() {
+  FILE* p = popen("rdma resource show qp 2>/dev/null", "r");
+  if (!p) return -1;
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, p))
+    if (strstr(line, "type RC") && strstr(line, "state RTS")) n++;
+  pclose(p);
+  return n;
+}
+
+struct Pump {
+  int fd = -1;
+  uint64_t seed_tx = 0, seed_rx = 0, total = 0;
+  uint64_t tx = 0, rx = 0;
+  bool shut = false, eof = false;
+  bool saw_rdma = false;
+  double hold_s = 1e9;  // how long to hold back 3/4 of the bytes for the upgrade
+};
+
+// One round: write what fits, read what is there (checked), unless paused.
+// Until the connection has been seen on RDMA, at most a quarter is sent, so
+// that the action always happens on an upgraded connection.
+void step(Pump& p, bool read, int timeout_ms) {
+  uint64_t limit = p.saw_rdma || p.hold_s <= 0 ? p.total : p.total / 4;
+  pollfd pf{p.fd, short((read ? POLLIN : 0) | (p.tx < limit ? POLLOUT : 0)), 0};
+  if (poll(&pf, 1, timeout_ms) < 0 && errno != EINTR) fail("poll: %s", strerror(errno));
+  static unsigned char buf[256 * 1024];
+  if (p.tx < limit) {
+    size_t n = std::min<uint64_t>(sizeof buf, limit - p.tx);
+    fill(p.seed_tx, p.tx, buf, n);
+    ssize_t w = send(p.fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w > 0) p.tx += uint64_t(w);
+    else if (w < 0 && errno != EAGAIN && errno != EINTR) fail("send at %llu: %s", (unsigned long long)p.tx, strerror(errno));
+  }
+  if (p.tx == p.total && !p.shut) {
+    if (shutdown(p.fd, SHUT_WR) != 0) fail("shutdown: %s", strerror(errno));
+    p.shut = true;
+  }
+  if (!read || p.eof) return;
+  for (int k = 0; k < 8; k++) {
+    ssize_t r = recv(p.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (r > 0) {
+      static unsigned char want[sizeof buf];
+      fill(p.seed_rx, p.rx, want, size_t(r));
+      if (memcmp(buf, want, size_t(r)) != 0)
+        for (ssize_t i = 0; i < r; i++)
+          if (buf[i] != want[i])
+            fail("byte %llu of the peer's stream is wrong", (unsigned long long)(p.rx + uint64_t(i)));
+      p.rx += uint64_t(r);
+      if (p.rx > p.total) fail("more bytes than the peer sent (%llu)", (unsigned long long)p.rx);
+      continue;
+    }
+    if (r == 0) {
+      if (p.rx != p.total) fail("EOF after %llu of %llu bytes", (unsigned long long)p.rx, (unsigned long long)p.total);
+      p.eof = true;
+    } else if (errno != EAGAIN && errno != EINTR) {
+      fail("recv at %llu: %s", (unsigned long long)p.rx, strerror(errno));
+    }
+    break;
+  }
+}
+
+// Runs until both directions are complete. `act` is called every round until
+// it returns true (it did its thing).
+template <class F>
+void run(Pump& p, F act) {
+  auto t0 = Clock::now();
+  bool acted = false;
+  while (!(p.eof && p.shut)) {
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > kTimeoutS)
+      fail("stuck: tx %llu rx %llu of %llu, transport %d", (unsigned long long)p.tx,
+           (unsigned long long)p.rx, (unsigned long long)p.total, transport(p.fd));
+    if (!p.saw_rdma && transport(p.fd) == RSOCK_TRANSPORT_RDMA) {
+      p.saw_rdma = true;
+      // Two-host runs: tell the fault injector that the stream is on RDMA.
+      if (const char* mark = getenv("RSOCK_PAIR_MARK")) close(open(mark, O_CREAT | O_WRONLY, 0644));
+    }
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > p.hold_s) p.hold_s = 0;
+    if (!acted) acted = act(p);
+    step(p, true, 20);
+  }
+}
+
+// The actor's trigger: on RDMA (both views), a third of the way, then the
+// rings are filled by not reading for a while.
+bool ready_to_act(Pump& p) {
+  if (p.tx < p.total / 3 || transport(p.fd) != RSOCK_TRANSPORT_RDMA) return false;
+  int q = rts_qps();
+  if (q < 1) fail("on RDMA but `rdma resource show qp` lists %d RC QPs in RTS", q);
+  say("on RDMA at tx %llu rx %llu (%d RC QPs in RTS); pausing reads to fill the rings",
+      (unsigned long long)p.tx, (unsigned long long)p.rx, q);
+  auto t0 = Clock::now();
+  while (std::chrono::duration<double>(Clock::now() - t0).count() < 0.3) step(p, false, 10);
+  return true;
+}
+
+void finish(Pump& p, bool want_rdma_seen) {
+  if (want_rdma_seen && !p.saw_rdma) fail("the connection never showed transport rdma");
+  // Back on TCP once the peer's record is in: give it a moment.
+  auto t0 = Clock::now();
+  int t = transport(p.fd);
+  while (t != RSOCK_TRANSPORT_TCP && std::chrono::duration<double>(Clock::now() - t0).count() < 10) {
+    usleep(10000);
+    t = transport(p.fd);
+  }
+  if (t != RSOCK_TRANSPORT_TCP) fail("transport %d at the end, want tcp", t);
+  say("done: %llu bytes each way, checked; transport tcp", (unsigned long long)p.total);
+  close(p.fd);
+}
+
+int client_main(uint16_t port, uint64_t total, const std::string& c) {
+  g_who = "client";
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, kAddr, &a.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fail("connect: %s", strerror(errno));
+  Pump p;
+  p.fd = fd;
+  p.seed_tx = 1;
+  p.seed_rx = 2;
+  p.total = total;
+  std::string me = c.substr(c.find('_') + 1);
+  run(p, [&](Pump& q) {
+    if (me != "client") return true;
+    if (!ready_to_act(q)) return false;
+    int one = 1;
+    int opt = c.rfind("revert", 0) == 0 ? RSOCK_REVERT : RSOCK_DEBUG_FAIL_PATH;
+    if (setsockopt(q.fd, SOL_RSOCK, opt, &one, sizeof one) != 0) fail("setsockopt: %s", strerror(errno));
+    say("%s at tx %llu rx %llu", c.c_str(), (unsigned long long)q.tx, (unsigned long long)q.rx);
+    return true;
+  });
+  finish(p, true);
+  return 0;
+}
+
+// One end of a two-host run: no action, every byte checked, the transport
+// it ends on printed (faults are injected from outside).
+int pair_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
+  g_who = serve ? "server" : "client";
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, addr, &a.sin_addr);
+  int fd;
+  if (serve) {
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 4) != 0)
+      fail("listen: %s", strerror(errno));
+    fd = accept(l, nullptr, nullptr);
+    close(l);
+  } else {
+    auto t0 = Clock::now();
+    for (;;) {  // the server's guest may still be booting
+      fd = socket(AF_INET, SOCK_STREAM, 0);
+      if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) break;
+      close(fd);
+      if (std::chrono::duration<double>(Clock::now() - t0).count() > 120) fail("no server");
+      usleep(200000);
+    }
+  }
+  if (fd < 0) fail("accept: %s", strerror(errno));
+  Pump p;
+  p.fd = fd;
+  p.seed_tx = serve ? 2 : 1;
+  p.seed_rx = serve ? 1 : 2;
+  p.total = total;
+  // A path that never upgrades still gets its bytes through; without
+  // librsock there is nothing to wait for.
+  p.hold_s = transport(fd) < 0 ? 0 : 60;
+  auto t0 = Clock::now();
+  run(p, [](Pump&) { return true; });
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  int t = transport(fd);
+  say("done: %llu MiB each way in %.1f s, every byte checked; rdma seen: %s; transport at the end: %s",
+      (unsigned long long)(total >> 20), s, p.saw_rdma ? "yes" : "no",
+      t == RSOCK_TRANSPORT_RDMA ? "rdma" : t == RSOCK_TRANSPORT_TCP ? "tcp" : "other");
+  printf("RESULT %s saw_rdma=%d transport=%d seconds=%.1f\n", g_who, p.saw_rdma ? 1 : 0, t, s);
+  close(fd);
+  return 0;
+}
+
+int recv_fd(int us, Pump* p) {
+  char data[sizeof p->tx + sizeof p->rx];
+  iovec v{data, sizeof data};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  if (recvmsg(us, &m, 0) != ssize_t(sizeof data)) fail("recvmsg: %s", strerror(errno));
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  if (!c || c->cmsg_type != SCM_RIGHTS) fail("no fd received");
+  int fd;
+  memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  memcpy(&p->tx, data, sizeof p->tx);
+  memcpy(&p->rx, data + sizeof p->tx, sizeof p->rx);
+  return fd;
+}
+
+void send_fd(int us, int fd, const Pump& p) {
+  char data[sizeof p.tx + sizeof p.rx];
+  memcpy(data, &p.tx, sizeof p.tx);
+  memcpy(data + sizeof p.tx, &p.rx, sizeof p.rx);
+  iovec v{data, sizeof data};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  if (sendmsg(us, &m, 0) != ssize_t(sizeof data)) fail("sendmsg: %s", strerror(errno));
+}
+
+int wait_child(pid_t pid, const char* what) {
+  int st = 0;
+  if (waitpid(pid, &st, 0) != pid) fail("waitpid %s: %s", what, strerror(errno));
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    say("FAIL: %s exited with status 0x%x", what, st);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: rsock_revert CASE [MB]\n");
+    return 2;
+  }
+  if ((std::string(argv[1]) == "--serve" || std::string(argv[1]) == "--connect") && argc == 5)
+    return pair_main(std::string(argv[1]) == "--serve", argv[2], uint16_t(atoi(argv[3])),
+                     strtoull(argv[4], nullptr, 10) << 20);
+  if (std::string(argv[1]) == "--client" && argc == 5)
+    return client_main(uint16_t(atoi(argv[2])), strtoull(argv[4], nullptr, 10) << 20, argv[3]);
+  std::string c = argv[1];
+  uint64_t total = (argc > 2 ? strtoull(argv[2], nullptr, 10) : 16) << 20;
+  if (access("/sys/class/infiniband", F_OK) != 0 || rts_qps() < 0) {
+    printf("SKIP: no RDMA device\n");
+    return 77;
+  }
+  int l = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, kAddr, &a.sin_addr);
+  if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    printf("SKIP: cannot bind %s (not in the RDMA VM): %s\n", kAddr, strerror(errno));
+    return 77;
+  }
+  listen(l, 8);
+  socklen_t al = sizeof a;
+  getsockname(l, reinterpret_cast<sockaddr*>(&a), &al);
+  uint16_t port = ntohs(a.sin_port);
+
+  pid_t client = fork();
+  if (client == 0) {
+    close(l);
+    char ports[16], mbs[32];
+    snprintf(ports, sizeof ports, "%u", port);
+    snprintf(mbs, sizeof mbs, "%llu", (unsigned long long)(total >> 20));
+    execl("/proc/self/exe", argv[0], "--client", ports, c.c_str(), mbs, (char*)nullptr);
+    _exit(127);
+  }
+  int us[2] = {-1, -1};
+  pid_t worker = -1;
+  if (c == "fdpass") {
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, us) != 0) fail("socketpair: %s", strerror(errno));
+    worker = fork();
+    if (worker == 0) {
+      g_who = "worker";
+      close(l);
+      close(us[0]);
+      Pump p;
+      p.seed_tx = 2;
+      p.seed_rx = 1;
+      p.total = total;
+      p.fd = recv_fd(us[1], &p);
+      p.saw_rdma = true;  // the server saw it
+      say("received the socket at tx %llu rx %llu, transport %d", (unsigned long long)p.tx,
+          (unsigned long long)p.rx, transport(p.fd));
+      run(p, [](Pump&) { return true; });
+      finish(p, false);
+      _exit(0);
+    }
+    close(us[1]);
+  }
+  int fd = accept(l, nullptr, nullptr);
+  if (fd < 0) fail("accept: %s", strerror(errno));
+  close(l);
+  Pump p;
+  p.fd = fd;
+  p.seed_tx = 2;
+  p.seed_rx = 1;
+  p.total = total;
+  int rc = 0;
+  bool handed = false;
+  run(p, [&](Pump& q) {
+    if (c == "revert_client" || c == "fail_client") return true;
+    if (!ready_to_act(q)) return false;
+    if (c == "revert_server" || c == "fail_server") {
+      int opt = c == "revert_server" ? RSOCK_REVERT : RSOCK_DEBUG_FAIL_PATH;
+      if (setsockopt(q.fd, SOL_RSOCK, opt, &one, sizeof one) != 0) fail("setsockopt: %s", strerror(errno));
+      say("%s at tx %llu rx %llu", c.c_str(), (unsigned long long)q.tx, (unsigned long long)q.rx);
+      return true;
+    }
+    if (c == "fdpass") {
+      send_fd(us[0], q.fd, q);
+      say("passed the socket at tx %llu rx %llu; closing ours", (unsigned long long)q.tx,
+          (unsigned long long)q.rx);
+      close(q.fd);
+      rc |= wait_child(worker, "worker");
+      handed = true;
+      q.eof = q.shut = true;  // the worker finished the stream
+      return true;
+    }
+    say("fork at tx %llu rx %llu", (unsigned long long)q.tx, (unsigned long long)q.rx);
+    pid_t kid = fork();
+    if (kid < 0) fail("fork: %s", strerror(errno));
+    if (c == "fork_child") {
+      if (kid == 0) {
+        g_who = "child";
+        return true;  // goes on with the stream
+      }
+      close(q.fd);
+      rc |= wait_child(kid, "child");
+      handed = true;
+      q.eof = q.shut = true;
+      return true;
+    }
+    // fork_parent
+    if (kid == 0) {
+      close(q.fd);
+      _exit(0);
+    }
+    rc |= wait_child(kid, "child");
+    return true;
+  });
+  if (!handed) finish(p, true);
+  if (strcmp(g_who, "child") == 0) _exit(0);
+  rc |= wait_child(client, "client");
+  if (rc == 0) printf("PASS: %s\n", c.c_str());
+  return rc;
+}
