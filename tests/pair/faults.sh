@@ -1,0 +1,50 @@
+#!/bin/bash
+# faults.sh BUILD CASE [MB] -- one two-host case on tools/rxe-pair, librsock on
+# both guests: a checksummed stream of MB MiB (default 64) in each direction
+# at once between 10.77.0.2 (client) and 10.77.0.1 (server), with a fault
+# injected on the client's guest once the connection is on RDMA:
+#   none         no fault: must stay on RDMA to the end
+#   plain        no fault and no librsock: kernel TCP on the same wire (for
+#                the throughput figure next to `none`)
+#   flap         `ip link set rxe-eth0 down` for 3 s, then up again
+#   rdma_delete  `rdma link delete rxe0`: the RDMA device goes away for good
+# Each must end with every byte checked on both ends and, after a fault, both
+# ends back on TCP (fallback reason path_failed on the side that saw it
+# fail). Prints both ends' RESULT lines and the reverse-switch log lines.
+# Run from the repository root. Exit 77 when no VM can be booted here.
+set -uo pipefail
+B=$(cd "${1:?usage: faults.sh BUILD CASE [MB]}" && pwd)
+CASE=${2:?case}
+MB=${3:-64}
+ROOT=$PWD
+why=$(tools/rxe-vm --check 2>&1) || { echo "SKIP: $why"; exit 77; }
+MARK=$B/pair-mark.$$
+rm -f "$MARK"
+ENV="LD_PRELOAD=$B/librsock.so RSOCK_LOG_LEVEL=info RSOCK_PAIR_MARK=$MARK"
+case $CASE in
+  none) FAULT=":" ;;
+  plain) FAULT=":"; ENV="RSOCK_PAIR_MARK=$MARK" ;;
+  flap) FAULT="ip link set rxe-eth0 down; echo 'fault: link down'; sleep 3; ip link set rxe-eth0 up; echo 'fault: link up'" ;;
+  rdma_delete) FAULT="rdma link delete rxe0 && echo 'fault: rxe0 deleted'" ;;
+  *) echo "unknown case $CASE"; exit 2 ;;
+esac
+SERVER="cd /tmp; env $ENV $B/tests/upgrade/rsock_revert --serve 10.77.0.1 7000 $MB"
+CLIENT="cd /tmp; ( for i in \$(seq 600); do [ -e $MARK ] && break; sleep 0.1; done; sleep 0.5; $FAULT ) &
+env $ENV $B/tests/upgrade/rsock_revert --connect 10.77.0.1 7000 $MB; rc=\$?; wait; exit \$rc"
+out=$(tools/rxe-pair --timeout 900 -- "$SERVER" "$CLIENT" 2>&1)
+rc=$?
+rm -f "$MARK"
+grep -E 'RESULT|fault:|RDMA -> TCP|FAIL|revert\[' <<<"$out"
+[ $rc = 0 ] || { echo "$out" | tail -40; echo "FAIL: $CASE: status $rc"; exit 1; }
+if [ "$CASE" = plain ]; then
+  n=$(grep -c 'RESULT .*saw_rdma=0 transport=-1 ' <<<"$out")
+  [ "$n" = 2 ] || { echo "FAIL: plain: both ends must be plain TCP"; exit 1; }
+  echo "PASS: $CASE"
+  exit 0
+fi
+n=$(grep -c 'RESULT .*saw_rdma=1' <<<"$out")
+[ "$n" = 2 ] || { echo "FAIL: $CASE: both ends must have been on RDMA ($n did)"; exit 1; }
+want=0; [ "$CASE" = none ] && want=2
+n=$(grep -c "RESULT .*transport=$want " <<<"$out")
+[ "$n" = 2 ] || { echo "FAIL: $CASE: both ends must end on transport $want"; exit 1; }
+echo "PASS: $CASE"
