@@ -65,7 +65,7 @@ bool Connection::post_recv(uint32_t slot) {
 // after the send ring (inline when the device allows, which rxe does).
 static bool post_small_send(ibv_qp* qp, ibv_mr* mr, std::byte* buf, const void* data, size_t len,
                             uint32_t imm, uint64_t wr_id, bool may_inline, bool signaled) {
-  std::memcpy(buf, data, len);
+  if (len) std::memcpy(buf, data, len);  // FIN/CLOSE pass no data (nullptr)
   ibv_sge sge{reinterpret_cast<uintptr_t>(buf), static_cast<uint32_t>(len), mr->lkey};
   ibv_send_wr wr{};
   wr.wr_id = wr_id;
@@ -406,7 +406,7 @@ Status<void> Connection::send_control(uint8_t type, std::span<const std::byte> d
   }
   std::byte buf[wire::kMaxControlBytes];
   buf[0] = std::byte{type};
-  std::memcpy(buf + 1, data.data(), data.size());
+  if (!data.empty()) std::memcpy(buf + 1, data.data(), data.size());  // data() may be null
   if (!post_control(wire::ControlType::kApp, buf, data.size() + 1)) {
     if (state_ == State::kError) return Err(err_);
     if (poll_cq()) flush_pending();

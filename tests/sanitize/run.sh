@@ -1,0 +1,64 @@
+#!/bin/bash
+# sanitize/run.sh SRC ASAN_BUILD -- librsock built with AddressSanitizer and
+# UndefinedBehaviorSanitizer, preloaded into the (unsanitized) conformance
+# suite natively; in the Soft-RoCE VM (when one can boot) also under the
+# reverse-switch and switch tests, where upgrades, fork hand-offs and path
+# failures run. Any sanitizer report fails it (halt_on_error). The sanitizer
+# runtimes go first in LD_PRELOAD, as they must for a preloaded library.
+set -uo pipefail
+SRC=$(cd "${1:?usage: run.sh SRC BUILD}" && pwd)
+B=$2
+mkdir -p "$B"
+B=$(cd "$B" && pwd)
+cd "$SRC" || exit 1
+if [ ! -f "$B/CMakeCache.txt" ]; then
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRSOCK_SANITIZE=address,undefined \
+    -DRSOCK_WERROR=ON >/dev/null || exit 1
+fi
+cmake --build "$B" -j2 --target rsock rsock_conformance rsock_revert rsock_switch_test >/dev/null || {
+  cmake --build "$B" -j1 --target rsock 2>&1 | tail -20; exit 1; }
+ASAN_RT=$(gcc -print-file-name=libasan.so)
+UBSAN_RT=$(gcc -print-file-name=libubsan.so)
+# ASan resolves its real sigaction with dlsym(RTLD_NEXT), which finds
+# librsock's (instrumented) hook, and calling it while ASan initialises
+# recurses into ASan's init: so ASan installs no signal handlers of its own.
+# No leak check: a fork child leaks its parent's registries on purpose.
+export ASAN_OPTIONS=halt_on_error=1:detect_leaks=0:exitcode=66:handle_segv=0:handle_sigbus=0:handle_abort=0:handle_sigfpe=0:handle_sigill=0:use_sigaltstack=0
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:exitcode=67
+PRE="$ASAN_RT:$UBSAN_RT:$B/librsock.so"
+fail=0
+echo "== native: conformance suite with the sanitized librsock"
+if ! LD_PRELOAD=$PRE "$B/tests/conformance/rsock_conformance" >"$B/conf-native.log" 2>&1; then
+  tail -40 "$B/conf-native.log"; echo "FAIL: conformance (native) under ASan+UBSan"; fail=1
+else
+  tail -3 "$B/conf-native.log"
+fi
+if why=$(tools/rxe-vm --check 2>&1); then
+  echo "== VM: conformance over rxe, reverse switch, switch tests with the sanitized librsock"
+  cat > "$B/in_vm.sh" <<IN
+set -u
+export ASAN_OPTIONS=$ASAN_OPTIONS UBSAN_OPTIONS=$UBSAN_OPTIONS
+P="$PRE"
+rc=0
+cd /tmp
+# Real IPv6 for the dual-stack cases, as upgrade.conformance sets it up.
+ip -6 addr add fd77::1/64 dev rxe-eth0 nodad 2>/dev/null
+sleep 1
+LD_PRELOAD=\$P RSOCK_CONF_EXPECT_RDMA=1 RSOCK_CONF_IPV4=10.77.0.1 RSOCK_CONF_IPV6=fd77::1 $B/tests/conformance/rsock_conformance > conf.log 2>&1 || { tail -40 conf.log; echo "FAIL: conformance over rxe"; rc=1; }
+tail -3 conf.log
+for c in revert_client fail_server fork_child fork_parent fdpass; do
+  LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=10000 $B/tests/upgrade/rsock_revert \$c 4 > rv.log 2>&1 || { tail -30 rv.log; echo "FAIL: revert \$c"; rc=1; }
+  grep -h PASS rv.log
+done
+for c in a_bidirectional_across_switch d_forged_request_upgraded_connection e_forged_request_plain_client; do
+  LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=5000 $B/tests/upgrade/rsock_switch_test -tc=\$c > sw.log 2>&1 || { tail -30 sw.log; echo "FAIL: switch \$c"; rc=1; }
+  tail -1 sw.log
+done
+exit \$rc
+IN
+  tools/rxe-vm --timeout 900 -- "bash $B/in_vm.sh" || fail=1
+else
+  echo "SKIP (VM part): $why"
+fi
+[ $fail = 0 ] && echo "sanitize: PASS" || echo "sanitize: FAIL"
+exit $fail
