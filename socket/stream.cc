@@ -223,6 +223,38 @@ namespace {
 constexpr uint64_t kRevertTimeoutNs = 30ull * 1000000000;
 }  // namespace
 
+// A fixed-size record in the TCP stream (the switch marker, the reverse
+// switch's record), moved without blocking across calls: *done counts the
+// bytes so far. kClosed: the peer's end is gone before the first byte (EOF
+// while reading, an error while writing); kBroken: inside the record.
+Stream::RecordIo Stream::read_record(void* rec, size_t size, size_t* done) {
+  auto* p = static_cast<char*>(rec);
+  while (*done < size) {
+    ssize_t r = sys::libc.recv(tcp_fd_, p + *done, size - *done, MSG_DONTWAIT);
+    if (r > 0) {
+      *done += size_t(r);
+      continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return RecordIo::kAgain;
+    return r == 0 && *done == 0 ? RecordIo::kClosed : RecordIo::kBroken;
+  }
+  return RecordIo::kDone;
+}
+
+Stream::RecordIo Stream::write_record(const void* rec, size_t size, size_t* done) {
+  auto* p = static_cast<const char*>(rec);
+  while (*done < size) {
+    ssize_t r = sys::libc.send(tcp_fd_, p + *done, size - *done, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r > 0) {
+      *done += size_t(r);
+      continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return RecordIo::kAgain;
+    return *done == 0 ? RecordIo::kClosed : RecordIo::kBroken;
+  }
+  return RecordIo::kDone;
+}
+
 bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why) {
   if (phase() != Phase::kRdma || !conn_ || tcp_fd_ < 0) return false;
   // A 0.1.0 peer knows no reverse switch: it would take our record for
@@ -268,39 +300,25 @@ void Stream::finish_revert_peer_gone() {
 bool Stream::advance_revert() {
   const auto before = switch_state();
   const Phase p0 = phase();
-  auto* out = reinterpret_cast<const char*>(&down_out_);
-  while (down_out_off_ < sizeof down_out_) {
-    ssize_t r = sys::libc.send(tcp_fd_, out + down_out_off_, sizeof down_out_ - down_out_off_,
-                               MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (r > 0) {
-      down_out_off_ += size_t(r);
-      continue;
-    }
-    if (r < 0 && (errno == EAGAIN || errno == EINTR)) break;
-    if (down_out_off_ == 0) {
-      finish_revert_peer_gone();
+  switch (write_record(&down_out_, sizeof down_out_, &down_out_off_)) {
+    case RecordIo::kDone:
+    case RecordIo::kAgain: break;
+    case RecordIo::kClosed: finish_revert_peer_gone(); return true;
+    case RecordIo::kBroken:
+      break_connection(ECONNRESET, "TCP failed inside the reverse switch record");
       return true;
-    }
-    break_connection(ECONNRESET, "TCP failed inside the reverse switch record");
-    return true;
   }
   if (!down_done_) {
-    auto* in = reinterpret_cast<char*>(&down_in_);
-    while (down_in_got_ < sizeof down_in_) {
-      ssize_t r = sys::libc.recv(tcp_fd_, in + down_in_got_, sizeof down_in_ - down_in_got_,
-                                 MSG_DONTWAIT);
-      if (r > 0) {
-        down_in_got_ += size_t(r);
-        continue;
-      }
-      if (r < 0 && (errno == EAGAIN || errno == EINTR)) break;
-      if (r == 0 && down_in_got_ == 0) {
+    switch (read_record(&down_in_, sizeof down_in_, &down_in_got_)) {
+      case RecordIo::kDone:
+      case RecordIo::kAgain: break;
+      case RecordIo::kClosed:
         tcp_eof_ = true;
         finish_revert_peer_gone();
         return true;
-      }
-      break_connection(r < 0 ? errno : ECONNRESET, "TCP failed inside the peer's reverse switch record");
-      return true;
+      case RecordIo::kBroken:
+        break_connection(ECONNRESET, "TCP failed inside the peer's reverse switch record");
+        return true;
     }
     if (down_in_got_ < sizeof down_in_) {
       if (now_ns() > deadline_ns_) {
@@ -663,18 +681,10 @@ void Stream::handle_controls() {
 void Stream::write_marker() {
   if (!ready_rcvd_ || out_marker_off_ == sizeof out_marker_) return;
   if (!client_ && !verified_) return;
-  auto* b = reinterpret_cast<const char*>(&out_marker_);
-  while (out_marker_off_ < sizeof out_marker_) {
-    ssize_t r = sys::libc.send(tcp_fd_, b + out_marker_off_, sizeof out_marker_ - out_marker_off_,
-                               MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (r > 0) {
-      out_marker_off_ += size_t(r);
-      continue;
-    }
-    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;  // progress thread retries
+  RecordIo io = write_record(&out_marker_, sizeof out_marker_, &out_marker_off_);
+  // kAgain: the progress thread retries.
+  if (io == RecordIo::kClosed || io == RecordIo::kBroken)
     break_connection(ECONNRESET, "cannot write the switch marker");
-    return;
-  }
 }
 
 // Reads the peer's remaining TCP bytes (up to its offer) into staging, then
@@ -696,23 +706,17 @@ void Stream::drain_tcp() {
     break_connection(ECONNRESET, r == 0 ? "peer closed TCP during the switch" : "TCP error");
     return;
   }
-  auto* b = reinterpret_cast<char*>(&in_marker_);
-  while (in_marker_got_ < sizeof in_marker_) {
-    ssize_t r = sys::libc.recv(tcp_fd_, b + in_marker_got_, sizeof in_marker_ - in_marker_got_,
-                               MSG_DONTWAIT);
-    if (r > 0) {
-      in_marker_got_ += size_t(r);
-      continue;
-    }
-    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    if (r == 0 && in_marker_got_ == 0) {
+  switch (read_record(&in_marker_, sizeof in_marker_, &in_marker_got_)) {
+    case RecordIo::kDone: break;
+    case RecordIo::kAgain: return;
+    case RecordIo::kClosed:
       // The peer closed right at its offer (it went away mid-switch): a
       // clean end of stream after the bytes we already hold.
       tcp_eof_ = true;
       return;
-    }
-    break_connection(ECONNRESET, "peer closed TCP inside its switch marker");
-    return;
+    case RecordIo::kBroken:
+      break_connection(ECONNRESET, "peer closed TCP inside its switch marker");
+      return;
   }
   if (in_marker_.magic != wire::kMarkerMagic || in_marker_.cookie != my_cookie_ ||
       in_marker_.offset != rx_limit_) {

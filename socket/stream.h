@@ -178,6 +178,9 @@ class Stream {
   void handle_controls();
   void write_marker();
   void drain_tcp();
+  enum class RecordIo : uint8_t { kDone, kAgain, kClosed, kBroken };
+  RecordIo read_record(void* rec, size_t size, size_t* done);
+  RecordIo write_record(const void* rec, size_t size, size_t* done);
   bool revert_locked(RevertMode mode, stats::FallbackReason why);
   bool advance_revert();
   void finish_revert_peer_gone();
