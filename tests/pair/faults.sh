@@ -8,6 +8,9 @@
 #                the throughput figure next to `none`)
 #   flap         `ip link set rxe-eth0 down` for 3 s, then up again
 #   rdma_delete  `rdma link delete rxe0`: the RDMA device goes away for good
+#   kill_peer    the client's guest powers off at once (sysrq o: no FIN, no
+#                DREQ, as a host that dies): the server must end with an
+#                error (ECONNRESET or EOF) within 60 s, never hang
 # Each must end with every byte checked on both ends and, after a fault, both
 # ends back on TCP (fallback reason path_failed on the side that saw it
 # fail). Prints both ends' RESULT lines and the reverse-switch log lines.
@@ -26,15 +29,30 @@ case $CASE in
   plain) FAULT=":"; ENV="RSOCK_PAIR_MARK=$MARK" ;;
   flap) FAULT="ip link set rxe-eth0 down; echo 'fault: link down'; sleep 3; ip link set rxe-eth0 up; echo 'fault: link up'" ;;
   rdma_delete) FAULT="rdma link delete rxe0 && echo 'fault: rxe0 deleted'" ;;
+  kill_peer) FAULT="echo 'fault: power off'; echo o > /proc/sysrq-trigger" ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
-SERVER="cd /tmp; env $ENV $B/tests/upgrade/rsock_revert --serve 10.77.0.1 7000 $MB"
+ENV_A=$ENV
+[ "$CASE" = kill_peer ] && ENV_A="$ENV RSOCK_PAIR_EXPECT_END=1"
+SERVER="cd /tmp; env $ENV_A $B/tests/upgrade/rsock_revert --serve 10.77.0.1 7000 $MB"
 CLIENT="cd /tmp; ( for i in \$(seq 600); do [ -e $MARK ] && break; sleep 0.1; done; sleep 0.5; $FAULT ) &
 env $ENV $B/tests/upgrade/rsock_revert --connect 10.77.0.1 7000 $MB; rc=\$?; wait; exit \$rc"
 out=$(tools/rxe-pair --timeout 900 -- "$SERVER" "$CLIENT" 2>&1)
 rc=$?
 rm -f "$MARK"
 grep -E 'RESULT|fault:|RDMA -> TCP|FAIL|revert\[' <<<"$out"
+if [ "$CASE" = kill_peer ]; then
+  # B never reports a status (it powered off): judge A alone.
+  r=$(grep -E '^A\| RESULT server ended_with_error' <<<"$out")
+  secs=$(sed -n 's/.*seconds=\([0-9]*\).*/\1/p' <<<"$r")
+  if [ -n "$r" ] && ! grep -q stuck <<<"$r" && [ "${secs:-999}" -le 60 ]; then
+    echo "PASS: kill_peer (the survivor's error after ${secs} s)"
+    exit 0
+  fi
+  echo "$out" | tail -30
+  echo "FAIL: kill_peer: the survivor must end with an error within 60 s"
+  exit 1
+fi
 [ $rc = 0 ] || { echo "$out" | tail -40; echo "FAIL: $CASE: status $rc"; exit 1; }
 if [ "$CASE" = plain ]; then
   n=$(grep -c 'RESULT .*saw_rdma=0 transport=-1 ' <<<"$out")

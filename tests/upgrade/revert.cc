@@ -54,6 +54,10 @@ using Clock = std::chrono::steady_clock;
 const char* kAddr = "10.77.0.1";
 constexpr double kTimeoutS = 240;
 const char* g_who = "server";
+// Two-host runs whose peer is killed (RSOCK_PAIR_EXPECT_END=1): the stream
+// must end with an error, and when it does is the result.
+bool g_expect_end = false;
+std::chrono::steady_clock::time_point g_t0;
 
 void say(const char* fmt, ...) {
   va_list ap;
@@ -69,6 +73,12 @@ void say(const char* fmt, ...) {
   char b[512];
   vsnprintf(b, sizeof b, fmt, ap);
   va_end(ap);
+  if (g_expect_end) {
+    double s = std::chrono::duration<double>(Clock::now() - g_t0).count();
+    printf("RESULT %s ended_with_error seconds=%.1f: %s\n", g_who, s, b);
+    fflush(stdout);
+    _exit(0);
+  }
   fprintf(stderr, "revert[%s %d]: FAIL: %s\n", g_who, getpid(), b);
   _exit(1);
 }
@@ -271,7 +281,13 @@ int pair_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
   // librsock there is nothing to wait for.
   p.hold_s = transport(fd) < 0 ? 0 : 60;
   auto t0 = Clock::now();
+  g_t0 = t0;
+  g_expect_end = getenv("RSOCK_PAIR_EXPECT_END") != nullptr;
   run(p, [](Pump&) { return true; });
+  if (g_expect_end) {
+    g_expect_end = false;
+    fail("the stream completed although the peer was killed");
+  }
   double s = std::chrono::duration<double>(Clock::now() - t0).count();
   int t = transport(fd);
   say("done: %llu MiB each way in %.1f s, every byte checked; rdma seen: %s; transport at the end: %s",
