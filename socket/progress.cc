@@ -27,6 +27,7 @@
 #include "socket/rendezvous.h"
 #include "socket/stream.h"
 #include "transport/cm_hub.h"
+#include "transport/fds.h"
 #include "transport/listener.h"
 #include "util/log.h"
 #include "util/owned_fds.h"
@@ -392,6 +393,11 @@ void* thread_main(void*) {
   return nullptr;
 }
 
+// Set in a fork child whose parent had opened the RDMA devices through
+// librdmacm (transport::device_contexts_open): those contexts are unusable
+// here and librdmacm keeps them, so nothing in this process can upgrade.
+std::atomic<bool> g_verbs_inherited{false};
+
 bool eligible(config::Direction dir, const sockaddr* addr) {
   if (!rdma_available() || is_loopback(addr)) return false;
   return process_config().decide(dir, addr) == config::Action::kRdma;
@@ -471,6 +477,10 @@ void negative_cache_add(const sockaddr_storage& peer) {
 
 Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
   if (s->stream() || !eligible(config::Direction::kClient, peer_addr)) return nullptr;
+  if (g_verbs_inherited.load(std::memory_order_relaxed)) {
+    stats::set_fallback(s->slot(), stats::FallbackReason::kForked);
+    return nullptr;
+  }
   sockaddr_storage local{}, peer{};
   socklen_t ll = sizeof local;
   if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return nullptr;
@@ -512,6 +522,10 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
       sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
     return nullptr;
   if (!eligible(config::Direction::kServer, reinterpret_cast<sockaddr*>(&local))) return nullptr;
+  if (g_verbs_inherited.load(std::memory_order_relaxed)) {
+    stats::set_fallback(s->slot(), stats::FallbackReason::kForked);
+    return nullptr;
+  }
   if (!fd_room(s)) return nullptr;  // its request is rejected with kNoResources
   Stream* st = new_stream(s, fd, false, local, peer);
   if (!st) return nullptr;
@@ -526,6 +540,7 @@ void listener_started(Socket* s, int fd) {
   socklen_t ll = sizeof local;
   if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return;
   auto* la = reinterpret_cast<sockaddr*>(&local);
+  if (g_verbs_inherited.load(std::memory_order_relaxed)) return;
   if (!rdma_available() || process_config().decide(config::Direction::kServer, la) !=
                                config::Action::kRdma)
     return;
@@ -692,6 +707,7 @@ void progress_after_fork_child() {
   // registries (and their lock, held since progress_before_fork) unseen and
   // detach every stream the child inherited.
   transport::cm_hub::after_fork_child();
+  if (transport::device_contexts_open()) g_verbs_inherited.store(true, std::memory_order_relaxed);
   Registry* old = g_reg_ptr.load();
   g_reg_ptr.store(new Registry());
   if (!old) return;

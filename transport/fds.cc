@@ -1,12 +1,20 @@
 #include "transport/fds.h"
 
+#include <atomic>
 #include <mutex>
 
 namespace rsock::transport {
 
+namespace {
+std::atomic<bool> g_opened{false};
+}  // namespace
+
+bool device_contexts_open() { return g_opened.load(std::memory_order_acquire); }
+
 void own_device_fds() {
   static std::once_flag once;
   std::call_once(once, [] {
+    g_opened.store(true, std::memory_order_release);  // rdma_get_devices opens them
     int n = 0;
     ibv_context** ctxs = rdma_get_devices(&n);
     if (!ctxs) return;

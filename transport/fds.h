@@ -22,5 +22,10 @@ inline void disown_channel(ibv_comp_channel* ch) { sys::disown_fd(ch->fd); }
 // rdma_cm will use (rdma_get_devices) and moves their command and async fds,
 // which stay open for the life of the process.
 void own_device_fds();
+// Whether own_device_fds() ran in this process (or in the parent of a fork
+// child): librdmacm then holds device contexts opened by that process, which
+// a fork child cannot use (the kernel refuses their commands from another
+// process), and librdmacm never opens them again.
+bool device_contexts_open();
 
 }  // namespace rsock::transport
