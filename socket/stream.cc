@@ -249,7 +249,11 @@ Stream::RecordIo Stream::write_record(const void* rec, size_t size, size_t* done
       *done += size_t(r);
       continue;
     }
-    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return RecordIo::kAgain;
+    // A link that is down right now (a flap, the very case the reverse
+    // switch is for) is not a peer that went away: TCP retries, so do we.
+    if (r < 0 && (errno == EAGAIN || errno == EINTR || errno == ENETUNREACH ||
+                  errno == EHOSTUNREACH || errno == ENETDOWN || errno == ENOBUFS))
+      return RecordIo::kAgain;
     return *done == 0 ? RecordIo::kClosed : RecordIo::kBroken;
   }
   return RecordIo::kDone;
@@ -755,9 +759,9 @@ bool Stream::check_idle_tcp() {
     ssize_t r = sys::libc.recv(tcp_fd_, &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT);
     if (r < 0 && errno == EAGAIN) return true;
     if (r <= 0) return false;  // EOF or error: the peer's teardown, RDMA has the rest
-    if (r == sizeof magic && magic == wire::kDownMagic) {
+    if (r == sizeof magic && magic == wire::kDownMagic &&
+        revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased)) {
       // The peer switches back to TCP: join it (its record is read there).
-      revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased);
       (void)advance_revert();
       gen_.fetch_add(1, std::memory_order_acq_rel);
     } else if (r < ssize_t(sizeof magic) &&

@@ -89,6 +89,9 @@ void fill_header(SegmentHeader* h, uint32_t index, uint32_t slots) {
   h->start_time = g.start_time;
   h->start_unix_ms = g.start_unix_ms;
   memcpy(h->exe, g.exe, sizeof h->exe);
+  // The release, so that rsock-stat says which librsock a process runs.
+  static_assert(sizeof(RSOCK_RELEASE) <= sizeof h->release);
+  memcpy(h->release, RSOCK_RELEASE, sizeof(RSOCK_RELEASE));
   h->magic.store(kMagic, std::memory_order_release);
 }
 

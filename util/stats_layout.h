@@ -20,7 +20,8 @@ namespace rsock::stats {
 constexpr uint64_t kMagic = 0x0054534b434f5352ull;
 // 2: fallback reason kForked; 3: kRejected (was kConnectFailed, with the
 // peer's reason in SlotInfo::peer_reason), kNoResources, kMemlock, kConnectFailed;
-// 4: kPathFailed, kHandedOff, kReleased (an upgraded connection switched back)
+// 4: kPathFailed, kHandedOff, kReleased (an upgraded connection switched back),
+//    kFdLimit; SegmentHeader::release (the writer's librsock release)
 constexpr uint32_t kLayoutVersion = 4;
 constexpr uint32_t kInitialSlots = 64;
 constexpr uint32_t kMaxFiles = 20;  // main + 19 extensions, doubling: ~33M slots
@@ -167,7 +168,8 @@ struct alignas(64) SegmentHeader {
   std::atomic<uint32_t> extension_count;   // main file: extensions published so far
   uint32_t pad1;
   ProcessCounters counters;                // main file only (zero in extensions)
-  uint8_t reserved[128];
+  char release[16];                        // the librsock release that writes it ("0.2.0"), NUL-terminated
+  uint8_t reserved[112];
 };
 static_assert(offsetof(SegmentHeader, layout_version) == 8);
 static_assert(offsetof(SegmentHeader, counters) == 128);

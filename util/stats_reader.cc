@@ -148,6 +148,7 @@ Status<ProcessSnapshot> read_process(const std::string& dir, int pid, std::strin
   snap.start_time = h->start_time;
   snap.start_unix_ms = h->start_unix_ms;
   snap.exe.assign(h->exe, strnlen(h->exe, sizeof h->exe));
+  snap.release.assign(h->release, strnlen(h->release, sizeof h->release));
   const ProcessCounters& pc = h->counters;
   // Counters before slots: a connection closing meanwhile is then missed
   // rather than counted twice (closed totals only ever grow).

@@ -40,6 +40,7 @@ struct ProcessSnapshot {
   uint64_t start_time = 0;
   uint64_t start_unix_ms = 0;
   std::string exe;
+  std::string release;  // the librsock release of the process (layout 4 on)
   uint64_t conns_seen = 0;
   uint64_t conns_upgraded = 0;
   uint64_t conns_untracked = 0;

