@@ -28,6 +28,10 @@ namespace rsock::socket {
 
 namespace {
 
+// rdma_cm events reach a connection through the shared channel (cm_hub):
+// its waiters look again.
+void notify_stream(void* st) { static_cast<Stream*>(st)->wake(); }
+
 
 uint64_t random_cookie() {
   uint64_t c = 0;
@@ -134,7 +138,7 @@ void Stream::start_client() {
     return;
   }
   conn_ = std::move(*c);
-  conn_->set_notify([](void* st) { static_cast<Stream*>(st)->wake(); }, this);
+  conn_->set_notify(notify_stream, this);
 }
 
 void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
@@ -142,7 +146,7 @@ void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64
   std::lock_guard lk(mu_);
   version_ = version;
   conn_ = std::move(conn);
-  conn_->set_notify([](void* st) { static_cast<Stream*>(st)->wake(); }, this);
+  conn_->set_notify(notify_stream, this);
   peer_cookie_ = peer_cookie;
 }
 
@@ -286,6 +290,7 @@ bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why) {
   LOG_INFO("fd %d: RDMA -> TCP (%s): sent %llu, resume the peer's bytes at %llu", tcp_fd_,
            stats::fallback_reason_name(why), (unsigned long long)tx_sent_abs_,
            (unsigned long long)down_out_.resume);
+  (void)advance_revert();  // our record goes out at once
   return true;
 }
 
@@ -376,10 +381,8 @@ bool Stream::revert(RevertMode mode, stats::FallbackReason why) {
   {
     std::lock_guard lk(mu_);
     started = revert_locked(mode, why);
-    if (started) (void)advance_revert();
-    gen_.fetch_add(1, std::memory_order_acq_rel);
   }
-  wake();
+  wake();  // bumps the generation too
   return started;
 }
 
@@ -394,7 +397,7 @@ void Stream::debug_fail_path() {
 
 void Stream::start_hand_off() {
   std::lock_guard lk(mu_);
-  if (revert_locked(RevertMode::kHandOff, stats::FallbackReason::kHandedOff)) (void)advance_revert();
+  (void)revert_locked(RevertMode::kHandOff, stats::FallbackReason::kHandedOff);
 }
 
 bool Stream::hand_off(uint64_t deadline_ns) {
@@ -409,7 +412,6 @@ bool Stream::hand_off(uint64_t deadline_ns) {
     sys::libc.poll(&pf, 1, 5);
     lk.lock();
   }
-  gen_.fetch_add(1, std::memory_order_acq_rel);
   Phase p = phase();
   bool ok = p == Phase::kPlain || p == Phase::kBroken || p == Phase::kPending ||
             (p == Phase::kReverting && down_done_);
@@ -489,10 +491,7 @@ bool Stream::advance_locked(bool full) {
       // gone) is the RDMA path failing while TCP may be fine: switch back.
       handle_controls();
       if (phase() == Phase::kBroken) return true;
-      if (revert_locked(RevertMode::kKeep, stats::FallbackReason::kPathFailed)) {
-        (void)advance_revert();
-        return true;
-      }
+      if (revert_locked(RevertMode::kKeep, stats::FallbackReason::kPathFailed)) return true;
     }
     if (!err_) err_ = st.error();
     return true;
@@ -560,7 +559,6 @@ bool Stream::advance_locked(bool full) {
       revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased)) {
     // The peer stopped RDMA after its FIN without closing (it switched
     // back): our direction goes on over TCP.
-    (void)advance_revert();
     return true;
   }
   if (full && slot_ && phase() == Phase::kRdma) {
@@ -761,9 +759,8 @@ bool Stream::check_idle_tcp() {
     if (r <= 0) return false;  // EOF or error: the peer's teardown, RDMA has the rest
     if (r == sizeof magic && magic == wire::kDownMagic &&
         revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased)) {
-      // The peer switches back to TCP: join it (its record is read there).
-      (void)advance_revert();
-      gen_.fetch_add(1, std::memory_order_acq_rel);
+      // The peer switches back to TCP: join it (its record is read there;
+      // wake() below announces the change).
     } else if (r < ssize_t(sizeof magic) &&
                std::memcmp(&magic, &wire::kDownMagic, size_t(r)) == 0) {
       return true;  // the start of a record: look again when the rest is in

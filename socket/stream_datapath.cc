@@ -165,7 +165,6 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
   if (!r && r.error() == EPIPE && conn_->peer_left_open() &&
       revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased)) {
     // The peer switched back to TCP after its FIN: our bytes go there.
-    (void)advance_revert();
     return Err(EAGAIN);
   }
   if (r && *r > 0 && slot_) slot_->add_tx(stats::Transport::kRdma, *r);
