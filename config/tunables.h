@@ -16,6 +16,10 @@ struct Tunables {
   uint32_t resolve_timeout_ms = 500;  // rdma_resolve_addr / rdma_resolve_route bound
   uint32_t connect_timeout_ms = 1000; // rdma_connect until ESTABLISHED
   uint32_t keepalive_ms = 500;        // liveness probe period on an idle connection
+  // A signalled WR outstanding this long with no send completion at all means
+  // the device stopped working the queue (rxe after a link flap leaves the QP
+  // in RTS with its requester parked for good): the path is treated as failed.
+  uint32_t stall_timeout_ms = 5000;
   uint32_t send_queue_depth = 128;    // send WRs per QP (data chunks, credits, control)
   uint32_t recv_slots = 64;           // receive WRs per QP; announced to the peer (4..1024)
   // Upgrade (socket layer) ----------------------------------------------------

@@ -297,7 +297,9 @@ bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why) {
 // The peer's TCP socket is gone (EOF or an error where its record should
 // be): nothing more can reach it. What we hold is delivered, then the
 // kernel reports the rest (EOF, EPIPE, ECONNRESET) itself.
-void Stream::finish_revert_peer_gone() {
+void Stream::finish_revert_peer_gone(const char* why) {
+  LOG_INFO("fd %d: the peer's TCP end is gone during the switch back (%s): ending as TCP would",
+           tcp_fd_, why);
   conn_.reset();
   down_done_ = true;
   down_out_off_ = sizeof down_out_;
@@ -312,7 +314,9 @@ bool Stream::advance_revert() {
   switch (write_record(&down_out_, sizeof down_out_, &down_out_off_)) {
     case RecordIo::kDone:
     case RecordIo::kAgain: break;
-    case RecordIo::kClosed: finish_revert_peer_gone(); return true;
+    case RecordIo::kClosed:
+      finish_revert_peer_gone(strerror(errno));
+      return true;
     case RecordIo::kBroken:
       break_connection(ECONNRESET, "TCP failed inside the reverse switch record");
       return true;
@@ -323,7 +327,7 @@ bool Stream::advance_revert() {
       case RecordIo::kAgain: break;
       case RecordIo::kClosed:
         tcp_eof_ = true;
-        finish_revert_peer_gone();
+        finish_revert_peer_gone("EOF");
         return true;
       case RecordIo::kBroken:
         break_connection(ECONNRESET, "TCP failed inside the peer's reverse switch record");

@@ -183,7 +183,7 @@ class Stream {
   RecordIo write_record(const void* rec, size_t size, size_t* done);
   bool revert_locked(RevertMode mode, stats::FallbackReason why);
   bool advance_revert();
-  void finish_revert_peer_gone();
+  void finish_revert_peer_gone(const char* why);
   void set_phase(Phase p);
   void break_connection(int err, const char* why);
   size_t copy_staging(std::span<const iovec> iov, bool peek);

@@ -366,6 +366,14 @@ Status<void> Connection::debug_break_silently() {
   return Ok();
 }
 
+Status<void> Connection::debug_stall_sends() {
+  if (!qp_created_) return Err(ENOTCONN);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_SQD;
+  if (ibv_modify_qp(id_->qp, &a, IBV_QP_STATE) != 0) return Err(errno);
+  return Ok();
+}
+
 void Connection::copy_sent(uint64_t from, std::byte* out, size_t n) const {
   while (n > 0) {
     size_t off = sring_.offset(from);
@@ -434,6 +442,19 @@ void Connection::check_timers(uint64_t now) {
       now - last_tx_ns_ >= uint64_t{tun_.keepalive_ms} * 1000000 && sig_count_ == 0) {
     post_keepalive();
   }
+  // RC completes every WR, with success or an error, within the retry budget
+  // (7 x 67 ms): one that waits far longer means the device gave up on the
+  // queue without saying so. Seen on rxe after a link flap: the requester
+  // parks after a failed transmit and nothing reschedules it, the QP stays in
+  // RTS, and both ends wait for credits forever.
+  if (state_ == State::kEstablished && sig_count_ > 0 &&
+      tun_.stall_timeout_ms != 0 && now > sig_wait_ns_ &&
+      now - sig_wait_ns_ >= uint64_t{tun_.stall_timeout_ms} * 1000000) {
+    LOG_WARN("transport: qp %u: no send completion for %u ms with %u WRs outstanding; the RDMA "
+             "path is stuck", qp_num(), tun_.stall_timeout_ms, sq_outstanding_);
+    ++ctr_.stalls;
+    fail(ETIMEDOUT);
+  }
 }
 
 // What wait() sleeps on: the completion channel and, when no progress thread
@@ -473,8 +494,12 @@ Status<void> Connection::wait(short events, int timeout_ms) {
     // Bounded by our own deadlines and keepalive: no timer fd wakes us.
     uint64_t until = end;
     if (deadline_ns_ != 0) until = std::min(until, deadline_ns_);
-    if (state_ == State::kEstablished && tun_.keepalive_ms != 0)
+    // (A keepalive is due only with no signalled WR out; with one out, the
+    // stall watchdog is what is due.)
+    if (state_ == State::kEstablished && sig_count_ == 0 && tun_.keepalive_ms != 0)
       until = std::min(until, last_tx_ns_ + uint64_t{tun_.keepalive_ms} * 1000000);
+    if (state_ == State::kEstablished && sig_count_ > 0 && tun_.stall_timeout_ms != 0)
+      until = std::min(until, sig_wait_ns_ + uint64_t{tun_.stall_timeout_ms} * 1000000);
     int ms = until == UINT64_MAX ? -1
                                  : static_cast<int>((std::max(until, now) - now + 999999) / 1000000);
     pollfd p[2];

@@ -58,6 +58,7 @@ struct Counters {
   uint64_t controls_sent = 0;
   uint64_t controls_received = 0;
   uint64_t keepalives = 0;
+  uint64_t stalls = 0;  // stall watchdog fired (stall_timeout_ms)
   uint64_t credit_stalls = 0;    // send() found no peer credit (bytes or WRs)
   uint64_t completions = 0;      // CQEs polled
   uint64_t cq_events = 0;        // completion channel wakeups
@@ -183,6 +184,10 @@ class Connection {
   // (no DREQ), as if the host had vanished; the peer must notice through its
   // keepalive. The connection is unusable afterwards.
   Status<void> debug_break_silently();
+  // Tests only: moves the QP to SQD, so the device stops taking WRs from the
+  // send queue while the QP stays alive (what rxe does after a failed
+  // transmit); the stall watchdog (stall_timeout_ms) must notice.
+  Status<void> debug_stall_sends();
 
  private:
   friend class Listener;
@@ -269,6 +274,7 @@ class Connection {
 
   uint64_t deadline_ns_ = 0;     // setup / close bound, 0 = none
   uint64_t last_tx_ns_ = 0;      // last WR posted (keepalive when idle)
+  uint64_t sig_wait_ns_ = 0;     // since when the oldest signalled WR waits (stall watchdog)
   bool fin_pending_ = false, fin_sent_ = false, fin_received_ = false;
   bool close_pending_ = false, close_sent_ = false, peer_closed_ = false;
   bool disconnected_ = false;

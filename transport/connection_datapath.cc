@@ -97,6 +97,7 @@ void Connection::on_posted(bool signaled) {
     return;
   }
   sig_cover_[(sig_head_ + sig_count_) % sq_depth_] = unsig_run_ + 1;
+  if (sig_count_ == 0) sig_wait_ns_ = coarse_now_ns();
   ++sig_count_;
   unsig_run_ = 0;
 }
@@ -107,6 +108,8 @@ void Connection::on_send_completion() {
     cover = sig_cover_[sig_head_];
     sig_head_ = (sig_head_ + 1) % sq_depth_;
     --sig_count_;
+    // The queue moves: the next signalled WR's wait starts now.
+    if (sig_count_ > 0) sig_wait_ns_ = coarse_now_ns();
   }
   sq_outstanding_ -= std::min(cover, sq_outstanding_);
 }

@@ -1,6 +1,6 @@
 // Two-process tests of transport/ over Soft-RoCE (run inside tools/rxe-vm).
 //   rsock_transport_vmtest <case>
-// Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side keepalive noport reject
+// Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side keepalive stall noport reject
 // Exit 77 with "SKIP: no RDMA device" when the host has no verbs device.
 #include <rdma/rdma_cma.h>
 
@@ -512,6 +512,54 @@ int keepalive_case() {
   return run_pair(server, client, tun, 30, /*client_killed_ok=*/true);
 }
 
+// ---------------------------------------------------------------- stall
+// The device stops working our send queue while the QP stays in a live state
+// (rxe after a link flap; here: SQD): no completion, no error, ever. The
+// stall watchdog must fail the connection within stall_timeout_ms + slack.
+int stall_case() {
+  Tunables tun = test_tunables();
+  tun.stall_timeout_ms = 1000;
+  auto server = [&](rt::Listener& l, pid_t client_pid) -> int {
+    auto c = accept_one(l);
+    char x;
+    CHECK(recv_all(*c, &x, 1), "no byte");
+    auto st = c->debug_stall_sends();
+    CHECK(st.ok(), "ibv_modify_qp(SQD): %s", std::strerror(st.ok() ? 0 : st.error()));
+    uint64_t t0 = rsock::now_ns();
+    x = 's';
+    send_all(*c, &x, 1);  // parked in the queue for good
+    for (;;) {
+      auto w = c->wait(POLLIN, 100);
+      (void)w;
+      auto p = c->progress();
+      if (p.ok()) {
+        CHECK(secs_since(t0) < 10, "stalled send queue not noticed in 10 s (%llu completions)",
+              (unsigned long long)c->counters().completions);
+        continue;
+      }
+      double s = secs_since(t0);
+      log_line("stall: %s after %.3f s (%llu stalls)", std::strerror(p.error()), s,
+               (unsigned long long)c->counters().stalls);
+      CHECK(p.error() == ETIMEDOUT, "want ETIMEDOUT, got %d", p.error());
+      CHECK(c->counters().stalls == 1, "the watchdog did not fire");
+      CHECK(s >= 0.9 && s <= 3.0, "took %.3f s (want ~1 s)", s);
+      kill(client_pid, SIGKILL);
+      return 0;
+    }
+  };
+  auto client = [&](uint16_t port) -> int {
+    auto c = connect_to(port, tun);
+    char x = 'k';
+    send_all(*c, &x, 1);
+    for (;;) {  // stays alive and keeps answering until killed
+      (void)c->wait(POLLIN, 100);
+      iovec v{&x, 1};
+      (void)c->recv({&v, 1}, false);
+    }
+  };
+  return run_pair(server, client, tun, 30, /*client_killed_ok=*/true);
+}
+
 // ---------------------------------------------------------------- noport
 int noport_case() {
   Tunables tun;  // real default bounds
@@ -677,6 +725,7 @@ int main(int argc, char** argv) {
   else if (c == "kill_writer_side") rc = kill_case(false);
   else if (c == "noport") rc = noport_case();
   else if (c == "keepalive") rc = keepalive_case();
+  else if (c == "stall") rc = stall_case();
   else if (c == "reject") rc = reject_case();
   std::printf("%s: %s in %.1f s\n", c.c_str(), rc == 0 ? "PASS" : "FAIL", secs_since(t0));
   return rc;
