@@ -769,6 +769,15 @@ bool Stream::check_idle_tcp() {
                std::memcmp(&magic, &wire::kDownMagic, size_t(r)) == 0) {
       return true;  // the start of a record: look again when the rest is in
     } else {
+      // What came, for the report: a peer without librsock's state writes
+      // application bytes; anything else here would be a protocol bug.
+      unsigned char b[8];
+      std::memcpy(b, &magic, sizeof b);
+      LOG_WARN("fd %d (%s, version %u): %zd bytes on TCP while on RDMA, starting %02x %02x %02x "
+               "%02x %02x %02x %02x %02x; TCP %llu out / %llu in before the switch",
+               tcp_fd_, client_ ? "client" : "server", unsigned(version_), r, b[0], b[1], b[2],
+               b[3], b[4], b[5], b[6], b[7], (unsigned long long)tcp_tx_,
+               (unsigned long long)tcp_rx_);
       if (conn_ && !rdma_dead_) (void)conn_->send_control(uint8_t(wire::Control::kReset), {});
       break_connection(ECONNRESET,
                        "bytes arrived on TCP after the switch (a process without librsock's "
