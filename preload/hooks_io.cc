@@ -2,12 +2,18 @@
 // sendfile and _FORTIFY_SOURCE (__*_chk) variants real binaries call.
 // On a tracked socket the kernel still carries the bytes (TCP first); the
 // hook counts them. Untracked fds cost one table load.
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "preload/hook.h"
@@ -79,6 +85,139 @@ static bool stream_sendfile(HookScope& h, const socket::SocketRef& s, int in, of
   if (!off) lseek64(in, sent < 0 ? -got : sent - got, SEEK_CUR);  // give back the unsent rest
   errno = saved;
   *out = sent;
+  return true;
+}
+
+// splice with an upgraded socket at one end. The kernel would move the TCP
+// socket's own bytes, past librsock: the switch marker, or nothing at all
+// while the data travels over RDMA. So the bytes go through the stream, by
+// copy. Socket to pipe: peek what the stream has, write what the pipe takes,
+// then consume exactly that. Pipe to socket: read from the pipe only what
+// the stream takes now (bytes taken from a pipe cannot go back). tee and
+// vmsplice accept pipes only, so they never see a socket: no hooks.
+// (16 KiB per call: splice may move less than asked, and hooks keep their
+// stack frames small.)
+constexpr size_t kSpliceChunk = 16 * 1024;
+
+static bool is_pipe(int fd) {
+  struct stat sb;
+  return fstat(fd, &sb) == 0 && S_ISFIFO(sb.st_mode);
+}
+
+// The pipe side may not block when SPLICE_F_NONBLOCK is set, whatever its
+// O_NONBLOCK: look first (a pipe that polls writable takes PIPE_BUF bytes).
+static bool pipe_ready(int fd, short ev) {
+  pollfd p{fd, ev, 0};
+  return real().poll(&p, 1, 0) == 1 && (p.revents & ev);
+}
+
+static bool stream_splice_out(HookScope& h, const socket::SocketRef& s, loff_t* off_in, int out,
+                              loff_t* off_out, size_t n, unsigned flags, ssize_t* res) {
+  socket::Stream* st = governing(s);
+  if (!st) return false;
+  if (off_in != nullptr || off_out != nullptr || !is_pipe(out)) return false;  // the kernel's error
+  // Like the kernel's: the socket side blocks unless O_NONBLOCK;
+  // SPLICE_F_NONBLOCK is about the pipe side.
+  const bool nb = s->nonblocking();
+  if (n == 0) {
+    *res = 0;
+    return true;
+  }
+  char buf[kSpliceChunk];
+  size_t want = std::min(n, sizeof buf);
+  if ((flags & SPLICE_F_NONBLOCK) && !pipe_ready(out, POLLOUT)) {
+    *res = h.finish(Status<ssize_t>(Err(EAGAIN)));
+    return true;
+  }
+  if (flags & SPLICE_F_NONBLOCK) want = std::min<size_t>(want, PIPE_BUF);
+  iovec v{buf, want};
+  auto r = st->recv({&v, 1}, MSG_PEEK, nb);
+  if (!r && r.error() == socket::kRedoPlain) return false;
+  if (!r || *r == 0) {
+    *res = r ? 0 : h.finish(Status<ssize_t>(Err(r.error())));
+    return true;
+  }
+  ssize_t w = real().write(out, buf, *r);
+  if (w <= 0) {
+    *res = h.pass(w);  // the pipe's errno
+    return true;
+  }
+  iovec c{buf, size_t(w)};
+  auto k = st->recv({&c, 1}, 0, true);  // the bytes just peeked: there
+  socket::readiness_after_io(s.get());
+  *res = k ? ssize_t(*k) : h.finish(Status<ssize_t>(Err(k.error())));
+  return true;
+}
+
+static bool stream_splice_in(HookScope& h, int in, loff_t* off_in, const socket::SocketRef& s,
+                             int out, loff_t* off_out, size_t n, unsigned flags, ssize_t* res) {
+  socket::Stream* st = governing(s);
+  if (!st) return false;
+  if (off_in != nullptr || off_out != nullptr || !is_pipe(in)) return false;
+  // Like the kernel's: the socket side blocks unless O_NONBLOCK;
+  // SPLICE_F_NONBLOCK is about the pipe side.
+  const bool nb = s->nonblocking();
+  if (n == 0) {
+    *res = 0;
+    return true;
+  }
+  char buf[kSpliceChunk];
+  size_t want = std::min(n, sizeof buf);
+  if (nb) {
+    auto room = st->send_room();
+    if (!room && room.error() == socket::kRedoPlain) return false;
+    if (!room || *room == 0) {
+      int e = room ? EAGAIN : room.error();
+      if (e == EPIPE) pthread_kill(pthread_self(), SIGPIPE);  // as the kernel's splice
+      *res = h.finish(Status<ssize_t>(Err(e)));
+      return true;
+    }
+    want = std::min(want, *room);
+    if ((flags & SPLICE_F_NONBLOCK) && !pipe_ready(in, POLLIN)) {
+      *res = h.finish(Status<ssize_t>(Err(EAGAIN)));
+      return true;
+    }
+  }
+  ssize_t got = real().read(in, buf, want);
+  if (got <= 0) {
+    *res = h.pass(got);  // the pipe's errno, or 0: no writer left
+    return true;
+  }
+  // What was read must all go: a nonblocking send that takes less (another
+  // writer took the room) is finished blocking; a stream that fell back to
+  // TCP meanwhile gets the rest through the kernel.
+  size_t sent = 0;
+  bool first = true;
+  int err = 0;
+  while (sent < size_t(got)) {
+    iovec v{buf + sent, size_t(got) - sent};
+    auto r = st->send({&v, 1}, MSG_NOSIGNAL, nb && first);
+    first = false;
+    if (!r && r.error() == socket::kRedoPlain) {
+      ssize_t k = real().send(out, buf + sent, size_t(got) - sent, MSG_NOSIGNAL);
+      if (k > 0) {
+        s->on_tcp_tx(k);
+        sent += size_t(k);
+        continue;
+      }
+      if (k < 0 && errno == EAGAIN) {
+        pollfd p{out, POLLOUT, 0};
+        real().poll(&p, 1, -1);
+        continue;
+      }
+      err = k < 0 ? errno : EPIPE;
+      break;
+    }
+    if (!r && r.error() == EAGAIN) continue;  // the first, nonblocking try
+    if (!r) {
+      err = r.error();
+      break;
+    }
+    sent += *r;
+  }
+  socket::readiness_after_io(s.get());
+  if (err == EPIPE) pthread_kill(pthread_self(), SIGPIPE);
+  *res = sent > 0 ? h.finish(Status<ssize_t>(ssize_t(sent))) : h.finish(Status<ssize_t>(Err(err)));
   return true;
 }
 
@@ -242,6 +381,20 @@ RSOCK_TX_HOOK(ssize_t, sendfile, (int o, int in, off_t* off, size_t n), o,
               sendfile(o, in, off, n))
 RSOCK_TX_HOOK(ssize_t, sendfile64, (int o, int in, off64_t* off, size_t n), o,
               rsock::preload::stream_sendfile(h, s, in, off, n, &out), sendfile64(o, in, off, n))
+
+RSOCK_HOOK ssize_t splice(int in, loff_t* oi, int out, loff_t* oo, size_t n, unsigned f) noexcept {
+  HookScope h;
+  ssize_t res;
+  if (auto s = h.tracked(in)) {
+    if (rsock::preload::stream_splice_out(h, s, oi, out, oo, n, f, &res)) return res;
+    return h.io_rx(s, real().splice(in, oi, out, oo, n, f));
+  }
+  if (auto s = h.tracked(out)) {
+    if (rsock::preload::stream_splice_in(h, in, oi, s, out, oo, n, f, &res)) return res;
+    return h.io_tx(s, real().splice(in, oi, out, oo, n, f));
+  }
+  return real().splice(in, oi, out, oo, n, f);
+}
 
 RSOCK_HOOK int sendmmsg(int fd, struct mmsghdr* m, unsigned n, int f) noexcept {
   HookScope h;

@@ -73,6 +73,10 @@ class Stream {
   Status<size_t> recv(std::span<const iovec> iov, int flags, bool nonblock);
   Status<size_t> send(std::span<const iovec> iov, int flags, bool nonblock);
   Status<int> fionread();
+  // How many bytes a nonblocking send would take right now (splice from a
+  // pipe reads no more than that: bytes taken from a pipe cannot go back).
+  // The error a send would report, or kRedoPlain.
+  Status<size_t> send_room();
   // SO_ERROR: a pending reset (reported once); -1 once it was reported, when
   // SO_ERROR must say 0 whatever the TCP socket under it holds.
   int take_error();

@@ -3,6 +3,7 @@
 // nonblocking steps. Every step holds mu_ briefly; sleeping happens in wait().
 #include <fcntl.h>
 #include <poll.h>
+#include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <signal.h>
@@ -288,6 +289,29 @@ Status<int> Stream::fionread() {
     n += conn_->readable();
   }
   return static_cast<int>(std::min<size_t>(n, INT32_MAX));
+}
+
+Status<size_t> Stream::send_room() {
+  std::lock_guard lk(mu_);
+  advance_inline(false);
+  Phase p = phase();
+  if (p == Phase::kPlain) return Err(kRedoPlain);
+  if (p == Phase::kBroken) return Err(err_ ? report_error() : EPIPE);
+  if (wr_shut_) return Err(EPIPE);
+  if (p == Phase::kReverting && (!down_done_ || backlog_ != nullptr)) return size_t{0};
+  if (tcp_tx_open()) {
+    // The kernel socket's free send space, roughly (SO_SNDBUF counts
+    // overhead too: half of it is payload); a send that takes less is
+    // completed by the caller.
+    int queued = 0, sndbuf = 0;
+    socklen_t l = sizeof sndbuf;
+    if (sys::libc.ioctl(tcp_fd_, SIOCOUTQ, &queued) != 0 ||
+        sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_SNDBUF, &sndbuf, &l) != 0)
+      return size_t{0};
+    return sndbuf / 2 > queued ? size_t(sndbuf / 2 - queued) : size_t{0};
+  }
+  if (p != Phase::kRdma) return size_t{0};
+  return conn_->writable();
 }
 
 Status<void> Stream::shutdown(int how) {

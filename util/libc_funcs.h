@@ -5,6 +5,7 @@
 // never be added without its pass-through.
 #pragma once
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -46,6 +47,8 @@ extern "C" sighandler_t bsd_signal(int sig, sighandler_t handler) noexcept;
   X(int, sendmmsg, (int fd, struct mmsghdr* m, unsigned n, int f), (fd, m, n, f))           \
   X(ssize_t, sendfile, (int o, int i, off_t* off, size_t n), (o, i, off, n))                \
   X(ssize_t, sendfile64, (int o, int i, off64_t* off, size_t n), (o, i, off, n))            \
+  X(ssize_t, splice, (int i, loff_t* oi, int o, loff_t* oo, size_t n, unsigned f),          \
+    (i, oi, o, oo, n, f))                                                                   \
   X(int, close, (int fd), (fd))                                                             \
   X(int, close_range, (unsigned lo, unsigned hi, int f), (lo, hi, f))                       \
   X(int, shutdown, (int fd, int how), (fd, how))                                            \

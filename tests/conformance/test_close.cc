@@ -18,7 +18,20 @@ using namespace conf;
 namespace {
 
 // Waits until `fd` reports an error/hangup (an RST has arrived).
-bool wait_reset(int fd) { return poll_one(fd, POLLIN, timeout_ms()) & (POLLERR | POLLHUP); }
+// Waits until the reset is reported (POLLERR/POLLHUP). Data sent before the
+// reset may wake poll() first with POLLIN alone: the data and the reset are
+// separate arrivals on any path (two segments on TCP, a DATA write and a
+// RESET message on RDMA), so look again until the deadline.
+bool wait_reset(int fd) {
+  int64_t deadline = now_ms() + timeout_ms();
+  for (;;) {
+    int64_t left = deadline - now_ms();
+    short ev = poll_one(fd, POLLIN, left > 0 ? int(left) : 0);
+    if (ev & (POLLERR | POLLHUP)) return true;
+    if (left <= 0) return false;
+    if (ev) usleep(1000);
+  }
+}
 
 // Writes 1 byte at a time to a socket whose peer is gone until write fails
 // with EPIPE. The first failure after an RST may be ECONNRESET (Linux reports

@@ -1,4 +1,4 @@
-// sendfile, high fd numbers, and sanity for non-TCP sockets (UDP, UNIX).
+// sendfile, splice, high fd numbers, and sanity for non-TCP sockets (UDP, UNIX).
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <errno.h>
@@ -17,6 +17,63 @@
 #include "helpers.h"
 
 using namespace conf;
+
+// splice moves a socket's bytes through a pipe: under librsock those bytes
+// may travel over RDMA, where the kernel's splice would never see them.
+TEST_CASE("splice: pipe -> socket -> pipe carries the stream intact; nonblocking and EOF") {
+  Pair p = connected_pair();
+  const size_t kSize = (1 << 20) + 777;
+  int in[2], out[2];
+  REQUIRE(pipe(in) == 0);
+  REQUIRE(pipe(out) == 0);
+  Fd in_r(in[0]), in_w(in[1]), out_r(out[0]), out_w(out[1]);
+  // Nothing to read yet: splice from a nonblocking socket says EAGAIN
+  // (SPLICE_F_NONBLOCK is about the pipe side only).
+  set_nonblocking(p.server, true);
+  errno = 0;
+  CHECK(splice(p.server, nullptr, out_w, nullptr, 4096, SPLICE_F_NONBLOCK) == -1);
+  CHECK(errno == EAGAIN);
+  set_nonblocking(p.server, false);
+  std::thread feeder([&] {  // pattern -> pipe `in`
+    std::vector<uint8_t> b(kSize);
+    fill_pattern(b.data(), kSize, 0, 91);
+    write_all(in_w, b.data(), kSize);
+  });
+  std::thread to_socket([&] {  // pipe `in` -> client socket
+    size_t moved = 0;
+    while (moved < kSize) {
+      ssize_t r = splice(in_r, nullptr, p.client, nullptr, kSize - moved, 0);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      moved += size_t(r);
+    }
+    shutdown(p.client, SHUT_WR);
+  });
+  std::vector<uint8_t> got(kSize);
+  size_t got_n = 0;
+  std::thread drain([&] { got_n = read_exact(out_r, got.data(), kSize); });  // pipe `out`
+  size_t moved = 0;  // server socket -> pipe `out`
+  ssize_t r = 0;
+  while (moved < kSize) {
+    r = splice(p.server, nullptr, out_w, nullptr, 65536, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    moved += size_t(r);
+  }
+  feeder.join();
+  to_socket.join();
+  drain.join();
+  CHECK(moved == kSize);
+  CHECK(got_n == kSize);
+  CHECK(check_pattern(got.data(), got_n, 0, 91) == got_n);
+  // The peer's FIN after the last byte: splice says 0.
+  CHECK(splice(p.server, nullptr, out_w, nullptr, 4096, 0) == 0);
+  // An offset on the socket's side is the kernel's EINVAL (no pwrite).
+  loff_t off = 0;
+  errno = 0;
+  CHECK(splice(in_r, nullptr, p.server, &off, 16, SPLICE_F_NONBLOCK) == -1);
+  CHECK(errno == EINVAL);
+}
 
 TEST_CASE("sendfile: file content arrives intact and the offset advances") {
   char path[] = "/tmp/rsock_conf_sendfile_XXXXXX";
