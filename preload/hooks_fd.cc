@@ -164,6 +164,95 @@ RSOCK_HOOK pid_t fork(void) noexcept {
   return h.pass(pid);
 }
 
+// exec and posix_spawn: the new program image has none of librsock's state,
+// so upgraded connections switch back to TCP first, as for fork (see
+// progress_before_exec). glibc's own exec family and posix_spawn call its
+// internal __execve, past any hook: each public entry point is hooked.
+// (system() and popen() spawn through glibc-internal calls: not covered; the
+// shell they start does not use the program's sockets.)
+static void before_exec(HookScope& h) {
+  if (h.outermost() && rsock::socket::tracking_enabled()) rsock::socket::progress_before_exec();
+}
+
+RSOCK_HOOK int execve(const char* p, char* const a[], char* const e[]) noexcept {
+  HookScope h;
+  before_exec(h);
+  return h.pass(real().execve(p, a, e));
+}
+RSOCK_HOOK int execv(const char* p, char* const a[]) noexcept {
+  HookScope h;
+  before_exec(h);
+  return h.pass(real().execv(p, a));
+}
+RSOCK_HOOK int execvp(const char* f, char* const a[]) noexcept {
+  HookScope h;
+  before_exec(h);
+  return h.pass(real().execvp(f, a));
+}
+RSOCK_HOOK int execvpe(const char* f, char* const a[], char* const e[]) noexcept {
+  HookScope h;
+  before_exec(h);
+  return h.pass(real().execvpe(f, a, e));
+}
+RSOCK_HOOK int fexecve(int fd, char* const a[], char* const e[]) noexcept {
+  HookScope h;
+  before_exec(h);
+  return h.pass(real().fexecve(fd, a, e));
+}
+RSOCK_HOOK int execveat(int d, const char* p, char* const a[], char* const e[], int f) noexcept {
+  HookScope h;
+  before_exec(h);
+  return h.pass(real().execveat(d, p, a, e, f));
+}
+RSOCK_HOOK int posix_spawn(pid_t* pid, const char* p, const posix_spawn_file_actions_t* fa,
+                           const posix_spawnattr_t* at, char* const a[], char* const e[]) noexcept {
+  HookScope h;
+  before_exec(h);
+  return h.pass(real().posix_spawn(pid, p, fa, at, a, e));
+}
+RSOCK_HOOK int posix_spawnp(pid_t* pid, const char* f, const posix_spawn_file_actions_t* fa,
+                            const posix_spawnattr_t* at, char* const a[], char* const e[]) noexcept {
+  HookScope h;
+  before_exec(h);
+  return h.pass(real().posix_spawnp(pid, f, fa, at, a, e));
+}
+
+// execl(path, arg0, ..., NULL) is execv(path, argv), as in glibc: the
+// arguments are counted, then copied into a vector on the stack.
+#define RSOCK_EXECL_ARGV(last)                                     \
+  va_list ap;                                                      \
+  va_start(ap, last);                                              \
+  size_t n = 1;                                                    \
+  while (va_arg(ap, const char*) != nullptr) n++;                  \
+  va_end(ap);                                                      \
+  const char* argv[n + 1];                                         \
+  argv[0] = last;                                                  \
+  va_start(ap, last);                                              \
+  for (size_t i = 1; i <= n; i++) argv[i] = va_arg(ap, const char*);
+
+RSOCK_HOOK int execl(const char* p, const char* arg, ...) noexcept {
+  HookScope h;
+  RSOCK_EXECL_ARGV(arg)
+  va_end(ap);
+  before_exec(h);
+  return h.pass(real().execv(p, const_cast<char* const*>(argv)));
+}
+RSOCK_HOOK int execlp(const char* f, const char* arg, ...) noexcept {
+  HookScope h;
+  RSOCK_EXECL_ARGV(arg)
+  va_end(ap);
+  before_exec(h);
+  return h.pass(real().execvp(f, const_cast<char* const*>(argv)));
+}
+RSOCK_HOOK int execle(const char* p, const char* arg, ...) noexcept {
+  HookScope h;
+  RSOCK_EXECL_ARGV(arg)
+  char* const* env = va_arg(ap, char* const*);  // after the NULL
+  va_end(ap);
+  before_exec(h);
+  return h.pass(real().execve(p, const_cast<char* const*>(argv), env));
+}
+
 // Handlers go in through librsock's trampoline (socket/signals.h), so that
 // an emulated blocking call notices every handler that runs during it and
 // returns EINTR or restarts exactly like the kernel's. glibc's signal(),

@@ -699,6 +699,24 @@ void progress_before_fork() {
       (void)g_streams[i]->hand_off(deadline);
 }
 
+void progress_before_exec() {
+  std::lock_guard lk(g_mu);
+  bool any = false;
+  for (size_t i = 0; i < g_streams.size(); i++) {
+    Stream* st = g_streams[i];
+    if (g_stream_owner[i]) st->fall_back(stats::FallbackReason::kHandedOff);  // pending only
+    Phase p = st->phase();
+    if (p == Phase::kRdma || p == Phase::kReverting) {
+      st->start_hand_off();
+      any = true;
+    }
+  }
+  if (!any) return;
+  uint64_t deadline = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+  for (Stream* st : g_streams)
+    if (st->phase() == Phase::kReverting) (void)st->hand_off(deadline);
+}
+
 void progress_after_fork_parent() { g_mu.unlock(); }
 
 void progress_after_fork_child() {

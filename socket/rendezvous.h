@@ -50,6 +50,14 @@ void log_exit_summary();
 // registry stays locked until after_fork_parent; the child has no progress
 // thread, keeps kernel TCP, and upgraded connections fail there (ECONNRESET).
 void progress_before_fork();
+// exec (execve and family, posix_spawn): the new program image has none of
+// librsock's state. Pending upgrades fall back; every upgraded connection,
+// the application's and those still lingering after close, switches back to
+// TCP (kHandOff) before the call, bounded by upgrade_timeout_ms. Inherited
+// fds are then plain TCP sockets in the new image, and the ones closed on
+// exec end with the kernel's FIN after their last byte. If the exec fails,
+// the connections simply go on over TCP.
+void progress_before_exec();
 void progress_after_fork_parent();
 void progress_after_fork_child();
 

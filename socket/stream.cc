@@ -761,10 +761,11 @@ bool Stream::check_idle_tcp() {
     ssize_t r = sys::libc.recv(tcp_fd_, &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT);
     if (r < 0 && errno == EAGAIN) return true;
     if (r <= 0) return false;  // EOF or error: the peer's teardown, RDMA has the rest
-    if (r == sizeof magic && magic == wire::kDownMagic &&
-        revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased)) {
+    if (r == sizeof magic && magic == wire::kDownMagic) {
       // The peer switches back to TCP: join it (its record is read there;
       // wake() below announces the change).
+      if (!revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased))
+        break_connection(ECONNRESET, "the peer switched back to TCP and this end cannot");
     } else if (r < ssize_t(sizeof magic) &&
                std::memcmp(&magic, &wire::kDownMagic, size_t(r)) == 0) {
       return true;  // the start of a record: look again when the rest is in

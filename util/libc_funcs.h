@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/sendfile.h>
@@ -15,6 +16,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 // glibc declares bsd_signal() only for pre-2008 POSIX; programs still call it.
 extern "C" sighandler_t bsd_signal(int sig, sighandler_t handler) noexcept;
@@ -76,6 +78,21 @@ extern "C" sighandler_t bsd_signal(int sig, sighandler_t handler) noexcept;
     (int ep, struct epoll_event* e, int n, const struct timespec* t, const sigset_t* s),    \
     (ep, e, n, t, s))                                                                       \
   X(pid_t, fork, (void), ())                                                                \
+  X(int, execve, (const char* p, char* const* a, char* const* e), (p, a, e))                \
+  X(int, execv, (const char* p, char* const* a), (p, a))                                    \
+  X(int, execvp, (const char* f, char* const* a), (f, a))                                   \
+  X(int, execvpe, (const char* f, char* const* a, char* const* e), (f, a, e))               \
+  X(int, fexecve, (int fd, char* const* a, char* const* e), (fd, a, e))                     \
+  X(int, execveat, (int d, const char* p, char* const* a, char* const* e, int f),           \
+    (d, p, a, e, f))                                                                        \
+  X(int, posix_spawn,                                                                       \
+    (pid_t* pid, const char* p, const posix_spawn_file_actions_t* fa,                       \
+     const posix_spawnattr_t* at, char* const* a, char* const* e),                          \
+    (pid, p, fa, at, a, e))                                                                 \
+  X(int, posix_spawnp,                                                                      \
+    (pid_t* pid, const char* f, const posix_spawn_file_actions_t* fa,                       \
+     const posix_spawnattr_t* at, char* const* a, char* const* e),                          \
+    (pid, f, fa, at, a, e))                                                                 \
   X(int, sigaction, (int s, const struct sigaction* a, struct sigaction* o), (s, a, o))      \
   X(sighandler_t, signal, (int s, sighandler_t h), (s, h))                                  \
   X(sighandler_t, bsd_signal, (int s, sighandler_t h), (s, h))                              \
@@ -94,7 +111,14 @@ extern "C" sighandler_t bsd_signal(int sig, sighandler_t handler) noexcept;
 // The variadic ones, resolved alongside: X(name, type of the pointer)
 using RsockFcntlFn = int (*)(int, int, ...);
 using RsockIoctlFn = int (*)(int, unsigned long, ...);
+// execl/execlp/execle are hooked for the switch back before exec; their hooks
+// build the argument vector and call execv/execvp/execve, so these pointers
+// are resolved (and exported) but not called.
+using RsockExeclFn = int (*)(const char*, const char*, ...);
 #define RSOCK_LIBC_VARIADIC(X) \
   X(fcntl, RsockFcntlFn)       \
   X(fcntl64, RsockFcntlFn)     \
-  X(ioctl, RsockIoctlFn)
+  X(ioctl, RsockIoctlFn)       \
+  X(execl, RsockExeclFn)       \
+  X(execlp, RsockExeclFn)      \
+  X(execle, RsockExeclFn)

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <spawn.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -223,10 +224,10 @@ TEST_CASE("fork: a child accepting on an inherited listener (preforking server)"
 }
 
 TEST_CASE("exec: a connected socket survives exec; FD_CLOEXEC ones do not") {
-  // The exec'd program can only use the kernel socket, so a connection on
-  // RDMA cannot follow it (librsock's documented limit, docs/DESIGN.md
-  // "fork"; the next case pins down how it fails). These pairs use loopback,
-  // which librsock never upgrades, so exec itself is tested in every run.
+  // The exec'd program can only use the kernel socket: a connection on RDMA
+  // follows it because librsock switches it back to TCP first (the next two
+  // cases). These pairs use loopback, which librsock never upgrades, so exec
+  // itself is tested in every run.
   Pair p = connected_pair(AF_INET6);
   Pair q = connected_pair(AF_INET6);
   REQUIRE(fcntl(q.client, F_SETFD, FD_CLOEXEC) == 0);
@@ -284,7 +285,7 @@ TEST_CASE("exec: bytes an exec'd child writes to an inherited upgraded connectio
   if (pid == 0) {
     int pk = fcntl(p.client, F_DUPFD, 100);
     if (pk < 0 || dup2(pk, kKeep) != kKeep) _exit(2);
-    execl("/bin/sh", "sh", "-c", "printf 'exec-ok\\n' >&7", static_cast<char*>(nullptr));
+    execlp("sh", "sh", "-c", "printf 'exec-ok\\n' >&7", static_cast<char*>(nullptr));
     _exit(127);
   }
   // The parent keeps its copy open: the server's stream is not ended by it.
@@ -294,6 +295,35 @@ TEST_CASE("exec: bytes an exec'd child writes to an inherited upgraded connectio
   int status = wait_child(pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
+  REQUIRE(write_all(p.client, "parent", 6) == 6);
+  REQUIRE(read_exact(p.server, b, 6) == 6);
+  CHECK(memcmp(b, "parent", 6) == 0);
+}
+
+// posix_spawn starts the new program without fork(), so only the exec hooks
+// can switch the upgraded connection back to TCP for it.
+TEST_CASE("exec: a posix_spawn'ed program talks over an inherited upgraded connection") {
+  Pair p = connected_pair();
+  posix_spawn_file_actions_t fa;
+  REQUIRE(posix_spawn_file_actions_init(&fa) == 0);
+  REQUIRE(posix_spawn_file_actions_adddup2(&fa, p.client, 7) == 0);
+  const char* argv[] = {"sh", "-c",
+                        "printf 'spawn-ok\\n' >&7; read line <&7; printf '%s|' \"$line\" >&7",
+                        nullptr};
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, "/bin/sh", &fa, nullptr, const_cast<char* const*>(argv), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  REQUIRE(rc == 0);
+  char b[9];
+  REQUIRE(read_exact(p.server, b, 9) == 9);
+  CHECK(memcmp(b, "spawn-ok\n", 9) == 0);
+  REQUIRE(write_all(p.server, "ping\n", 5) == 5);
+  REQUIRE(read_exact(p.server, b, 5) == 5);
+  CHECK(memcmp(b, "ping|", 5) == 0);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // The spawning process goes on using it.
   REQUIRE(write_all(p.client, "parent", 6) == 6);
   REQUIRE(read_exact(p.server, b, 6) == 6);
   CHECK(memcmp(b, "parent", 6) == 0);

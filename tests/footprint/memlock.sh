@@ -16,8 +16,8 @@ set -uo pipefail
 BUILD=$(cd "$1" && pwd) IP=$2
 LIB=$BUILD/librsock.so
 ECHO=$BUILD/tests/readiness/rsock_epoll_echo
-if ! ls /sys/class/infiniband 2>/dev/null | grep -q .; then echo "SKIP: no RDMA device"; exit 77; fi
-ip -o addr show 2>/dev/null | grep -q " ${IP}/" || { echo "SKIP: $IP is not local"; exit 77; }
+if ! ls /sys/class/infiniband 2>/dev/null | grep . >/dev/null; then echo "SKIP: no RDMA device"; exit 77; fi
+ip -o addr show 2>/dev/null | grep " ${IP}/" >/dev/null || { echo "SKIP: $IP is not local"; exit 77; }
 [ "$(id -u)" = 0 ] || { echo "SKIP: needs root to become another user"; exit 77; }
 command -v setpriv >/dev/null || { echo "SKIP: no setpriv"; exit 77; }
 T=$(mktemp -d /tmp/memlock.XXXXXX)
