@@ -39,6 +39,9 @@ void init_process() {
     // first (atexit is LIFO) while the counters are still mapped.
     atexit(log_exit_summary);
   }
+  // Runs before the summary (LIFO): connections on RDMA are handed to TCP so
+  // that the kernel delivers what they still hold after the process is gone.
+  if (!g_config->passthrough) atexit(progress_at_exit);
   g_state.store(kLoaded, std::memory_order_release);
 }
 

@@ -699,15 +699,16 @@ void progress_before_fork() {
       (void)g_streams[i]->hand_off(deadline);
 }
 
-void progress_before_exec() {
+namespace {
+void hand_off_all(bool at_exit) {
   std::lock_guard lk(g_mu);
   bool any = false;
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
-    if (g_stream_owner[i]) st->fall_back(stats::FallbackReason::kHandedOff);  // pending only
+    if (g_stream_owner[i] && !at_exit) st->fall_back(stats::FallbackReason::kHandedOff);  // pending only
     Phase p = st->phase();
     if (p == Phase::kRdma || p == Phase::kReverting) {
-      st->start_hand_off();
+      st->start_hand_off(at_exit);
       any = true;
     }
   }
@@ -716,6 +717,10 @@ void progress_before_exec() {
   for (Stream* st : g_streams)
     if (st->phase() == Phase::kReverting) (void)st->hand_off(deadline);
 }
+}  // namespace
+
+void progress_before_exec() { hand_off_all(false); }
+void progress_at_exit() { hand_off_all(true); }
 
 void progress_after_fork_parent() { g_mu.unlock(); }
 

@@ -58,6 +58,13 @@ void progress_before_fork();
 // exec end with the kernel's FIN after their last byte. If the exec fails,
 // the connections simply go on over TCP.
 void progress_before_exec();
+// exit(): the same hand-off, run from an atexit handler, so that what the
+// program wrote before exiting reaches its peer as on kernel TCP (which
+// delivers every byte, then the FIN, after the process is gone); on RDMA the
+// unacknowledged bytes would die with the QP. Pending upgrades are left
+// alone, and nothing is counted as a fallback. Not for _exit() or a fatal
+// signal, which run no atexit handlers.
+void progress_at_exit();
 void progress_after_fork_parent();
 void progress_after_fork_child();
 

@@ -263,7 +263,7 @@ Stream::RecordIo Stream::write_record(const void* rec, size_t size, size_t* done
   return RecordIo::kDone;
 }
 
-bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why) {
+bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why, bool report) {
   if (phase() != Phase::kRdma || !conn_ || tcp_fd_ < 0) return false;
   // A 0.1.0 peer knows no reverse switch: it would take our record for
   // bytes from a stranger and reset the connection.
@@ -286,10 +286,15 @@ bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why) {
   conn_->abort();  // nothing more goes out on RDMA; its send ring stays readable
   set_phase(Phase::kReverting);
   deadline_ns_ = now_ns() + kRevertTimeoutNs;
-  stats::set_fallback(slot_, why);
-  LOG_INFO("fd %d: RDMA -> TCP (%s): sent %llu, resume the peer's bytes at %llu", tcp_fd_,
-           stats::fallback_reason_name(why), (unsigned long long)tx_sent_abs_,
-           (unsigned long long)down_out_.resume);
+  if (report) {
+    stats::set_fallback(slot_, why);
+    LOG_INFO("fd %d: RDMA -> TCP (%s): sent %llu, resume the peer's bytes at %llu", tcp_fd_,
+             stats::fallback_reason_name(why), (unsigned long long)tx_sent_abs_,
+             (unsigned long long)down_out_.resume);
+  } else {
+    LOG_DEBUG("fd %d: RDMA -> TCP at exit: sent %llu, resume the peer's bytes at %llu", tcp_fd_,
+              (unsigned long long)tx_sent_abs_, (unsigned long long)down_out_.resume);
+  }
   (void)advance_revert();  // our record goes out at once
   return true;
 }
@@ -399,9 +404,9 @@ void Stream::debug_fail_path() {
   advance();  // notices the failure like any later call would
 }
 
-void Stream::start_hand_off() {
+void Stream::start_hand_off(bool at_exit) {
   std::lock_guard lk(mu_);
-  (void)revert_locked(RevertMode::kHandOff, stats::FallbackReason::kHandedOff);
+  (void)revert_locked(RevertMode::kHandOff, stats::FallbackReason::kHandedOff, !at_exit);
 }
 
 bool Stream::hand_off(uint64_t deadline_ns) {

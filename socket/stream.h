@@ -130,7 +130,9 @@ class Stream {
   // and the backlog is flushed, or until deadline_ns. Returns false if the
   // stream is still bound to this process's RDMA state (the caller decides).
   bool hand_off(uint64_t deadline_ns);
-  void start_hand_off();  // the nonblocking first half of hand_off()
+  // The nonblocking first half of hand_off(). at_exit: the process is
+  // exiting (no fallback counted, logged at debug level only).
+  void start_hand_off(bool at_exit = false);
   // Tests: the RDMA path fails as a broken link would (RSOCK_DEBUG_FAIL_PATH).
   void debug_fail_path();
   bool tcp_watched = false;  // progress thread only, under its lock
@@ -185,7 +187,7 @@ class Stream {
   enum class RecordIo : uint8_t { kDone, kAgain, kClosed, kBroken };
   RecordIo read_record(void* rec, size_t size, size_t* done);
   RecordIo write_record(const void* rec, size_t size, size_t* done);
-  bool revert_locked(RevertMode mode, stats::FallbackReason why);
+  bool revert_locked(RevertMode mode, stats::FallbackReason why, bool report = true);
   bool advance_revert();
   void finish_revert_peer_gone(const char* why);
   void set_phase(Phase p);

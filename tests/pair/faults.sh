@@ -8,6 +8,10 @@
 #                the throughput figure next to `none`)
 #   flap         `ip link set rxe-eth0 down` for 3 s, then up again
 #   rdma_delete  `rdma link delete rxe0`: the RDMA device goes away for good
+#   loss, delay  netem on the client's link once on RDMA: 2 % loss, or 2 ms
+#                delay; plain_loss, plain_delay: the same without librsock
+#                (kernel TCP), the fault 0.5 s into the stream. For the
+#                figures in docs/PERFORMANCE.md; not in ctest.
 #   kill_peer    the client's guest loses power: the host SIGKILLs its QEMU
 #                (tools/rxe-vm's power cut: no FIN, no DREQ, the wire goes
 #                silent): the server must end with an error (ECONNRESET or
@@ -34,7 +38,12 @@ case $CASE in
   flap) FAULT="ip link set rxe-eth0 down; echo 'fault: link down'; sleep 3; ip link set rxe-eth0 up; echo 'fault: link up'" ;;
   rdma_delete) FAULT="rdma link delete rxe0 && echo 'fault: rxe0 deleted'" ;;
   kill_peer) FAULT="echo 'fault: power cut'; touch /run/rxe-vm/power-cut; sleep 600" ;;
+  loss|plain_loss) FAULT="tc qdisc add dev rxe-eth0 root netem loss 2% && echo 'fault: netem loss 2%'" ;;
+  delay|plain_delay) FAULT="tc qdisc add dev rxe-eth0 root netem delay 2ms && echo 'fault: netem delay 2ms'" ;;
   *) echo "unknown case $CASE"; exit 2 ;;
+esac
+case $CASE in
+  plain_*) ENV="RSOCK_PAIR_MARK=$MARK"; touch "$MARK" ;;  # no RDMA to wait for
 esac
 ENV_A=$ENV
 [ "$CASE" = kill_peer ] && ENV_A="$ENV RSOCK_PAIR_EXPECT_END=1"
@@ -62,14 +71,15 @@ if [ "$CASE" = kill_peer ]; then
   exit 1
 fi
 [ $rc = 0 ] || { echo "$out" | tail -40; echo "FAIL: $CASE: status $rc"; exit 1; }
-if [ "$CASE" = plain ]; then
+if [ "$CASE" = plain ] || [ "${CASE#plain_}" != "$CASE" ]; then
   n=$(grep -c 'RESULT .*saw_rdma=0 transport=-1 ' <<<"$out")
-  [ "$n" = 2 ] || { echo "FAIL: plain: both ends must be plain TCP"; exit 1; }
+  [ "$n" = 2 ] || { echo "FAIL: $CASE: both ends must be plain TCP"; exit 1; }
   echo "PASS: $CASE"
   exit 0
 fi
 n=$(grep -c 'RESULT .*saw_rdma=1' <<<"$out")
 [ "$n" = 2 ] || { echo "FAIL: $CASE: both ends must have been on RDMA ($n did)"; exit 1; }
+case $CASE in loss|delay) echo "PASS: $CASE"; exit 0 ;; esac  # figures: either path
 want=0; [ "$CASE" = none ] && want=2
 n=$(grep -c "RESULT .*transport=$want " <<<"$out")
 [ "$n" = 2 ] || { echo "FAIL: $CASE: both ends must end on transport $want"; exit 1; }
