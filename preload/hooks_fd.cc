@@ -174,48 +174,27 @@ static void before_exec(HookScope& h) {
   if (h.outermost() && rsock::socket::tracking_enabled()) rsock::socket::progress_before_exec();
 }
 
-RSOCK_HOOK int execve(const char* p, char* const a[], char* const e[]) noexcept {
-  HookScope h;
-  before_exec(h);
-  return h.pass(real().execve(p, a, e));
-}
-RSOCK_HOOK int execv(const char* p, char* const a[]) noexcept {
-  HookScope h;
-  before_exec(h);
-  return h.pass(real().execv(p, a));
-}
-RSOCK_HOOK int execvp(const char* f, char* const a[]) noexcept {
-  HookScope h;
-  before_exec(h);
-  return h.pass(real().execvp(f, a));
-}
-RSOCK_HOOK int execvpe(const char* f, char* const a[], char* const e[]) noexcept {
-  HookScope h;
-  before_exec(h);
-  return h.pass(real().execvpe(f, a, e));
-}
-RSOCK_HOOK int fexecve(int fd, char* const a[], char* const e[]) noexcept {
-  HookScope h;
-  before_exec(h);
-  return h.pass(real().fexecve(fd, a, e));
-}
-RSOCK_HOOK int execveat(int d, const char* p, char* const a[], char* const e[], int f) noexcept {
-  HookScope h;
-  before_exec(h);
-  return h.pass(real().execveat(d, p, a, e, f));
-}
-RSOCK_HOOK int posix_spawn(pid_t* pid, const char* p, const posix_spawn_file_actions_t* fa,
-                           const posix_spawnattr_t* at, char* const a[], char* const e[]) noexcept {
-  HookScope h;
-  before_exec(h);
-  return h.pass(real().posix_spawn(pid, p, fa, at, a, e));
-}
-RSOCK_HOOK int posix_spawnp(pid_t* pid, const char* f, const posix_spawn_file_actions_t* fa,
-                            const posix_spawnattr_t* at, char* const a[], char* const e[]) noexcept {
-  HookScope h;
-  before_exec(h);
-  return h.pass(real().posix_spawnp(pid, f, fa, at, a, e));
-}
+#define RSOCK_EXEC_HOOK(name, params, args) \
+  RSOCK_HOOK int name params noexcept {     \
+    HookScope h;                            \
+    before_exec(h);                         \
+    return h.pass(real().name args);        \
+  }
+RSOCK_EXEC_HOOK(execve, (const char* p, char* const a[], char* const e[]), (p, a, e))
+RSOCK_EXEC_HOOK(execv, (const char* p, char* const a[]), (p, a))
+RSOCK_EXEC_HOOK(execvp, (const char* f, char* const a[]), (f, a))
+RSOCK_EXEC_HOOK(execvpe, (const char* f, char* const a[], char* const e[]), (f, a, e))
+RSOCK_EXEC_HOOK(fexecve, (int fd, char* const a[], char* const e[]), (fd, a, e))
+RSOCK_EXEC_HOOK(execveat, (int d, const char* p, char* const a[], char* const e[], int f),
+                (d, p, a, e, f))
+RSOCK_EXEC_HOOK(posix_spawn,
+                (pid_t* pid, const char* p, const posix_spawn_file_actions_t* fa,
+                 const posix_spawnattr_t* at, char* const a[], char* const e[]),
+                (pid, p, fa, at, a, e))
+RSOCK_EXEC_HOOK(posix_spawnp,
+                (pid_t* pid, const char* f, const posix_spawn_file_actions_t* fa,
+                 const posix_spawnattr_t* at, char* const a[], char* const e[]),
+                (pid, f, fa, at, a, e))
 
 // execl(path, arg0, ..., NULL) is execv(path, argv), as in glibc: the
 // arguments are counted, then copied into a vector on the stack.

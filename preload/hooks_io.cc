@@ -125,11 +125,13 @@ static bool stream_splice_out(HookScope& h, const socket::SocketRef& s, loff_t* 
   }
   char buf[kSpliceChunk];
   size_t want = std::min(n, sizeof buf);
-  if ((flags & SPLICE_F_NONBLOCK) && !pipe_ready(out, POLLOUT)) {
-    *res = h.finish(Status<ssize_t>(Err(EAGAIN)));
-    return true;
+  if (flags & SPLICE_F_NONBLOCK) {
+    if (!pipe_ready(out, POLLOUT)) {
+      *res = h.finish(Status<ssize_t>(Err(EAGAIN)));
+      return true;
+    }
+    want = std::min<size_t>(want, PIPE_BUF);
   }
-  if (flags & SPLICE_F_NONBLOCK) want = std::min<size_t>(want, PIPE_BUF);
   iovec v{buf, want};
   auto r = st->recv({&v, 1}, MSG_PEEK, nb);
   if (!r && r.error() == socket::kRedoPlain) return false;

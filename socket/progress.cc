@@ -671,56 +671,59 @@ void log_exit_summary() {
            off ? why : " none");
 }
 
+namespace {
+// Under g_mu: every upgraded stream (the application's; with `orphans` also
+// those lingering after close) switches back to TCP in hand-off mode (the
+// reverse switch, kHandOff: no unread byte stays in our memory). All start
+// at once, then we wait for the peers' records together: one round trip
+// for all, bounded by upgrade_timeout_ms.
+void hand_off_streams(bool orphans, bool at_exit) {
+  auto mine = [orphans](size_t i) { return orphans || g_stream_owner[i]; };
+  bool any = false;
+  for (size_t i = 0; i < g_streams.size(); i++) {
+    Phase p = g_streams[i]->phase();
+    if (mine(i) && (p == Phase::kRdma || p == Phase::kReverting)) {
+      g_streams[i]->start_hand_off(at_exit);
+      any = true;
+    }
+  }
+  if (!any) return;
+  uint64_t deadline = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (mine(i) && g_streams[i]->phase() == Phase::kReverting)
+      (void)g_streams[i]->hand_off(deadline);
+}
+
+// Under g_mu: pending upgrades of the application's streams stay on TCP.
+void fall_back_pending(stats::FallbackReason why) {
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (g_stream_owner[i]) g_streams[i]->fall_back(why);  // acts on pending ones only
+}
+}  // namespace
+
 void progress_before_fork() {
   // Held across fork(): no stream can be created or start its rendezvous
   // meanwhile. An upgrade still pending now would be completed by one process
   // while both own the TCP stream, so those stay on TCP, in both processes.
   g_mu.lock();
-  for (size_t i = 0; i < g_streams.size(); i++)
-    if (g_stream_owner[i]) g_streams[i]->fall_back(stats::FallbackReason::kForked);
+  fall_back_pending(stats::FallbackReason::kForked);
   // An upgraded connection's state (verbs objects, unread bytes) cannot be
-  // shared with the child: switch each back to TCP first (the reverse
-  // switch, kHandOff: no unread byte stays in our memory), so that whichever
-  // process goes on using it has a plain TCP socket. All start at once, then
-  // we wait for the peers' records together: one round trip for all.
-  if (!process_config().tunables.fork_hand_off) return;
-  bool any = false;
-  for (size_t i = 0; i < g_streams.size(); i++) {
-    Phase p = g_streams[i]->phase();
-    if (g_stream_owner[i] && (p == Phase::kRdma || p == Phase::kReverting)) {
-      g_streams[i]->start_hand_off();
-      any = true;
-    }
-  }
-  if (!any) return;
-  uint64_t deadline = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
-  for (size_t i = 0; i < g_streams.size(); i++)
-    if (g_stream_owner[i] && g_streams[i]->phase() == Phase::kReverting)
-      (void)g_streams[i]->hand_off(deadline);
+  // shared with the child: switch each back to TCP first, so that whichever
+  // process goes on using it has a plain TCP socket. Lingering ones stay
+  // with the parent, which goes on.
+  if (process_config().tunables.fork_hand_off) hand_off_streams(false, false);
 }
 
-namespace {
-void hand_off_all(bool at_exit) {
+void progress_before_exec() {
   std::lock_guard lk(g_mu);
-  bool any = false;
-  for (size_t i = 0; i < g_streams.size(); i++) {
-    Stream* st = g_streams[i];
-    if (g_stream_owner[i] && !at_exit) st->fall_back(stats::FallbackReason::kHandedOff);  // pending only
-    Phase p = st->phase();
-    if (p == Phase::kRdma || p == Phase::kReverting) {
-      st->start_hand_off(at_exit);
-      any = true;
-    }
-  }
-  if (!any) return;
-  uint64_t deadline = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
-  for (Stream* st : g_streams)
-    if (st->phase() == Phase::kReverting) (void)st->hand_off(deadline);
+  fall_back_pending(stats::FallbackReason::kHandedOff);
+  hand_off_streams(true, false);  // lingering ones would die with the image
 }
-}  // namespace
 
-void progress_before_exec() { hand_off_all(false); }
-void progress_at_exit() { hand_off_all(true); }
+void progress_at_exit() {
+  std::lock_guard lk(g_mu);
+  hand_off_streams(true, true);
+}
 
 void progress_after_fork_parent() { g_mu.unlock(); }
 
