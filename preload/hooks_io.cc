@@ -175,10 +175,10 @@ static bool stream_splice_in(HookScope& h, int in, loff_t* off_in, const socket:
       return true;
     }
     want = std::min(want, *room);
-    if ((flags & SPLICE_F_NONBLOCK) && !pipe_ready(in, POLLIN)) {
-      *res = h.finish(Status<ssize_t>(Err(EAGAIN)));
-      return true;
-    }
+  }
+  if ((flags & SPLICE_F_NONBLOCK) && !pipe_ready(in, POLLIN)) {  // whatever the socket's mode
+    *res = h.finish(Status<ssize_t>(Err(EAGAIN)));
+    return true;
   }
   ssize_t got = real().read(in, buf, want);
   if (got <= 0) {
