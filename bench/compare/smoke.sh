@@ -12,3 +12,14 @@ bash "$HERE/in_vm.sh" "$BUILD" "$OUT" --quick
 rc=$?
 [ $rc = 0 ] || exit $rc
 python3 "$HERE/report.py" "$OUT" --check
+rc=$?
+if [ $rc != 0 ]; then
+  # From "== digest" on is what tools/ctest-digest shows of this test in CI.
+  echo "== digest: why bench.compare.smoke failed"
+  python3 "$HERE/report.py" "$OUT" --check | sed -n '/^INVALID librsock/,/^$/p; /^CHECK:/p'
+  echo "smoke FAIL: librsock runs without a figure (results.tsv):"
+  awk -F'\t' '$1 == "na" && $3 == "rsock" {print "  " $2 ": " $5}' "$OUT/results.tsv"
+  echo "smoke FAIL: librsock warnings and errors in the logs:"
+  grep -H -E "warn|error" "$OUT"/logs/*.log 2>/dev/null | sed "s|^$OUT/logs/|  |" | head -12
+fi
+exit $rc

@@ -63,4 +63,10 @@ if [ -n "$bad" ]; then
   echo "vm.suite: FAIL: rdma tests skipped inside the VM (rxe0 present):$bad"
   [ $rc = 0 ] && rc=1
 fi
+# Last: why each test failed, in a few lines (CI shows only the tail).
+failed=$(awk '/^The following tests FAILED:/ {on = 1; next} on && /^[[:space:]]+[0-9]+ - / {print $3; next} {on = 0}' "$LOG")
+if [ -n "$failed" ]; then
+  echo "== digest of the failed tests (guest ctest)"
+  bash "$(dirname "$0")/../../tools/ctest-digest" "$W/Testing/Temporary/LastTest.log" $failed
+fi
 exit $rc
