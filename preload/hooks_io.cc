@@ -65,13 +65,20 @@ bool stream_send(HookScope& h, const socket::SocketRef& s, std::span<const iovec
   return stream_io<true>(h, s, iov, flags, out);
 }
 
-// sendfile onto an upgraded socket: read the file ourselves, then send.
-// `off` null: the file position moves by exactly what was sent.
+// sendfile onto an upgraded socket: read the file into the stream's scratch
+// buffer, then send. `off` null: the file position moves by exactly what was
+// sent.
 static bool stream_sendfile(HookScope& h, const socket::SocketRef& s, int in, off64_t* off,
                             size_t n, ssize_t* out) {
-  if (!governing(s)) return false;
-  char buf[64 * 1024];
-  size_t want = n < sizeof buf ? n : sizeof buf;
+  socket::Stream* st = governing(s);
+  if (!st) return false;
+  socket::Stream::Scratch sc(*st);
+  if (sc.buf().empty()) {
+    *out = h.finish(Status<ssize_t>(Err(ENOMEM)));
+    return true;
+  }
+  char* buf = reinterpret_cast<char*>(sc.buf().data());
+  size_t want = std::min(n, sc.buf().size());
   ssize_t got = off ? pread64(in, buf, want, *off) : real().read(in, buf, want);
   if (got <= 0) {
     *out = got;  // errno from pread/read, 0 at end of file
@@ -95,9 +102,8 @@ static bool stream_sendfile(HookScope& h, const socket::SocketRef& s, int in, of
 // then consume exactly that. Pipe to socket: read from the pipe only what
 // the stream takes now (bytes taken from a pipe cannot go back). tee and
 // vmsplice accept pipes only, so they never see a socket: no hooks.
-// (16 KiB per call: splice may move less than asked, and hooks keep their
-// stack frames small.)
-constexpr size_t kSpliceChunk = 16 * 1024;
+// The copy goes through the stream's scratch buffer (hooks keep their stack
+// frames small), at most 64 KiB per call: splice may move less than asked.
 
 static bool is_pipe(int fd) {
   struct stat sb;
@@ -123,8 +129,13 @@ static bool stream_splice_out(HookScope& h, const socket::SocketRef& s, loff_t* 
     *res = 0;
     return true;
   }
-  char buf[kSpliceChunk];
-  size_t want = std::min(n, sizeof buf);
+  socket::Stream::Scratch sc(*st);
+  if (sc.buf().empty()) {
+    *res = h.finish(Status<ssize_t>(Err(ENOMEM)));
+    return true;
+  }
+  char* buf = reinterpret_cast<char*>(sc.buf().data());
+  size_t want = std::min(n, sc.buf().size());
   if (flags & SPLICE_F_NONBLOCK) {
     if (!pipe_ready(out, POLLOUT)) {
       *res = h.finish(Status<ssize_t>(Err(EAGAIN)));
@@ -163,8 +174,13 @@ static bool stream_splice_in(HookScope& h, int in, loff_t* off_in, const socket:
     *res = 0;
     return true;
   }
-  char buf[kSpliceChunk];
-  size_t want = std::min(n, sizeof buf);
+  socket::Stream::Scratch sc(*st);
+  if (sc.buf().empty()) {
+    *res = h.finish(Status<ssize_t>(Err(ENOMEM)));
+    return true;
+  }
+  char* buf = reinterpret_cast<char*>(sc.buf().data());
+  size_t want = std::min(n, sc.buf().size());
   if (nb) {
     auto room = st->send_room();
     if (!room && room.error() == socket::kRedoPlain) return false;

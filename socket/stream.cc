@@ -6,6 +6,7 @@
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -88,6 +89,16 @@ Stream::~Stream() {
   Backlog::release(std::exchange(backlog_, nullptr));
   sys::close_owned(wake_fd_);
   sys::close_owned(tcp_fd_);  // kernel FIN (or RST) now
+  if (scratch_) munmap(scratch_, kScratchSize);
+}
+
+Stream::Scratch::Scratch(Stream& s) : s_(s) {
+  s_.scratch_mu_.lock();
+  if (!s_.scratch_) {
+    void* m = mmap(nullptr, kScratchSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m != MAP_FAILED) s_.scratch_ = static_cast<std::byte*>(m);
+  }
+  if (s_.scratch_) buf_ = {s_.scratch_, kScratchSize};
 }
 
 int Stream::progress_fd() const { return conn_ ? conn_->fd() : -1; }

@@ -93,6 +93,25 @@ class Stream {
   // `signals` was taken (signals.h).
   int wait(short interest, int timeout_ms, SignalWatch& signals);
 
+  // A buffer for calls that must copy through the stream (sendfile, splice):
+  // hooks keep their stack frames small and do not call malloc, so it is
+  // mmap'd on first use and unmapped with the stream. Held for the whole
+  // copy (concurrent sendfiles on one socket take turns, as their sends
+  // would under mu_ anyway). Empty when the mapping failed (ENOMEM).
+  static constexpr size_t kScratchSize = 64 * 1024;
+  class Scratch {
+   public:
+    explicit Scratch(Stream& s);
+    ~Scratch() { s_.scratch_mu_.unlock(); }
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    std::span<std::byte> buf() const { return buf_; }
+
+   private:
+    Stream& s_;
+    std::span<std::byte> buf_;
+  };
+
   // --- lifecycle (stream.cc), called by rendezvous/progress code.
   // Drives everything that can be done now. Locks mu_ (try_lock if !block).
   // Returns true if readiness may have changed.
@@ -209,6 +228,8 @@ class Stream {
   }
 
   std::mutex mu_;
+  std::mutex scratch_mu_;         // held by a Scratch; never together with mu_ taken first
+  std::byte* scratch_ = nullptr;  // kScratchSize bytes, mmap'd by the first Scratch
   std::atomic<Phase> phase_{Phase::kPending};
   std::atomic<bool> governs_{true};
   std::atomic<uint64_t> gen_{0};

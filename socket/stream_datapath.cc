@@ -46,10 +46,16 @@ size_t iov_total(std::span<const iovec> iov) {
   return n;
 }
 
-// iov minus its first `skip` bytes, into `out` (same capacity).
+// iov minus its first `skip` bytes, into `out`: at most kIovWindow entries
+// of it. Callers that continue a call after partial progress use a window
+// rather than a copy of up to UIO_MAXIOV entries (16 KiB): hooks run on the
+// application's stack, which may be small. A window only makes a step move
+// fewer bytes (a short read, or one more turn of a blocking send's loop).
+constexpr size_t kIovWindow = 16;
 std::span<const iovec> iov_advance(std::span<const iovec> iov, size_t skip, iovec* out) {
   size_t k = 0;
   for (auto& v : iov) {
+    if (k == kIovWindow) break;
     if (skip >= v.iov_len) {
       skip -= v.iov_len;
       continue;
@@ -97,14 +103,8 @@ Status<size_t> Stream::try_recv(std::span<const iovec> iov, int flags) {
   if (n == 0) return try_recv_source(iov, flags);
   if (plain_when_drained_ && staging_.empty()) set_phase(Phase::kPlain);
   if (n == iov_total(iov) || rd_shut_) return n;
-  // (Rare: only right after a switch. Small stack use for the common case.)
-  iovec small[8];
-  std::vector<iovec> big;
-  iovec* rest = small;
-  if (iov.size() > 8) {
-    big.resize(iov.size());
-    rest = big.data();
-  }
+  // (Rare: only right after a switch.)
+  iovec rest[kIovWindow];
   // While peeking, staging is not consumed: what follows it is read as well.
   auto more = try_recv_source(iov_advance(iov, n, rest), flags);
   return n + (more ? *more : 0);
@@ -182,7 +182,7 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
   int timeout = -2;  // read lazily: only a call that has to sleep needs it
   uint64_t deadline = 0;
   size_t got = 0;
-  iovec rest[UIO_MAXIOV];
+  iovec rest[kIovWindow];
   for (;;) {
     std::span<const iovec> cur = got ? iov_advance(iov, got, rest) : iov;
     Status<size_t> r = Err(EAGAIN);
@@ -220,7 +220,7 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
   int timeout = -2;
   uint64_t deadline = 0;
   size_t sent = 0;
-  iovec rest[UIO_MAXIOV];
+  iovec rest[kIovWindow];
   for (;;) {
     std::span<const iovec> cur = sent ? iov_advance(iov, sent, rest) : iov;
     Status<size_t> r = Err(EAGAIN);
