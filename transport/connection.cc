@@ -374,6 +374,23 @@ Status<void> Connection::debug_stall_sends() {
   return Ok();
 }
 
+Status<void> Connection::debug_write_foreign(const Connection& other) {
+  if (!established() || !other.established()) return Err(ENOTCONN);
+  ibv_sge sge{reinterpret_cast<uint64_t>(tx_mem_), 8, tx_mr_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = sring_.head();
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = other.peer_.ring_addr;
+  wr.wr.rdma.rkey = other.peer_.ring_rkey;
+  ibv_send_wr* bad;
+  if (ibv_post_send(id_->qp, &wr, &bad) != 0) return Err(errno);
+  on_posted(true);
+  return Ok();
+}
+
 void Connection::copy_sent(uint64_t from, std::byte* out, size_t n) const {
   while (n > 0) {
     size_t off = sring_.offset(from);

@@ -62,6 +62,7 @@ struct Counters {
   uint64_t credit_stalls = 0;    // send() found no peer credit (bytes or WRs)
   uint64_t completions = 0;      // CQEs polled
   uint64_t cq_events = 0;        // completion channel wakeups
+  int first_wc_error = 0;        // ibv_wc_status of the first failed completion (0: none)
 };
 
 // An application control message (send_control), with the stream position at
@@ -188,6 +189,12 @@ class Connection {
   // send queue while the QP stays alive (what rxe does after a failed
   // transmit); the stall watchdog (stall_timeout_ms) must notice.
   Status<void> debug_stall_sends();
+  // Tests only (a hostile peer): posts on this QP an RDMA WRITE of 8 bytes
+  // aimed at the receive ring that `other` writes to, with other's rkey, as
+  // a peer would that tries to reach another connection's memory. The
+  // target's device must refuse it (the rkey belongs to another PD): this
+  // connection then fails with IBV_WC_REM_ACCESS_ERR (first_wc_error).
+  Status<void> debug_write_foreign(const Connection& other);
 
  private:
   friend class Listener;

@@ -261,6 +261,7 @@ bool Connection::poll_cq() {
       // Flushes after a disconnect are expected; anything else (retry
       // exceeded = dead peer, RNR = accounting bug, protection errors) resets.
       if (w.status == IBV_WC_WR_FLUSH_ERR && (disconnected_ || disconnect_sent_)) continue;
+      if (!ctr_.first_wc_error) ctr_.first_wc_error = int(w.status);
       if (state_ != State::kError)
         LOG_DEBUG("transport: qp %u completion error %s", qp_num(), ibv_wc_status_str(w.status));
       if (state_ != State::kClosed) fail(ECONNRESET);

@@ -1,6 +1,6 @@
 // Two-process tests of transport/ over Soft-RoCE (run inside tools/rxe-vm).
 //   rsock_transport_vmtest <case>
-// Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side keepalive stall noport reject
+// Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side keepalive stall noport reject foreign_rkey
 // Exit 77 with "SKIP: no RDMA device" when the host has no verbs device.
 #include <rdma/rdma_cma.h>
 
@@ -704,12 +704,78 @@ int reject_case() {
   return run_pair(server, client, tun, 120);
 }
 
+
+// ---------------------------------------------------------------- foreign_rkey
+// Isolation (docs/TRANSPORT.md): a hostile peer with two connections to one
+// process aims an RDMA WRITE through its first QP at the receive ring of its
+// second connection, with that ring's real address and rkey. The target's
+// device refuses it (the rkey belongs to another PD): the attacking
+// connection fails with a remote access error, the victim's stream goes on
+// byte-exact, and the server process keeps running.
+int foreign_rkey_case() {
+  Tunables tun = test_tunables();
+  constexpr size_t kBytes = 4u << 20;
+  auto server = [&](rt::Listener& l, pid_t) -> int {
+    auto a = accept_one(l);  // the attacker's QP
+    auto b = accept_one(l);  // the victim: its ring is the target
+    std::vector<char> want(kBytes), got(kBytes);
+    Rng r(7);
+    fill(r, want.data(), kBytes);
+    CHECK(recv_all(*b, got.data(), kBytes), "victim stream: EOF early");
+    CHECK(std::memcmp(want.data(), got.data(), kBytes) == 0, "victim stream: bytes differ");
+    char x;
+    CHECK(!recv_all(*b, &x, 1), "victim stream: bytes after the end");
+    // The attacker's connection is gone here too (its peer failed or
+    // disconnected): recv reports an error or EOF, within a bounded time.
+    uint64_t t0 = rsock::now_ns();
+    for (;;) {
+      iovec v{&x, 1};
+      auto rr = a->recv({&v, 1}, false);
+      if (!rr.ok() && rr.error() != EAGAIN) break;
+      if (rr.ok() && *rr == 0) break;
+      CHECK(!rr.ok(), "attacker's connection delivered a byte");
+      CHECK(secs_since(t0) < 20, "attacker's connection still alive after 20 s");
+      (void)a->wait(POLLIN, 100);
+    }
+    log_line("foreign_rkey: server: victim stream intact (%zu bytes), attacker's connection ended",
+             kBytes);
+    return 0;
+  };
+  auto client = [&](uint16_t port) -> int {
+    auto a = connect_to(port, tun);
+    auto b = connect_to(port, tun);
+    auto st = a->debug_write_foreign(*b);
+    CHECK(st.ok(), "post: %s", std::strerror(st.ok() ? 0 : st.error()));
+    uint64_t t0 = rsock::now_ns();
+    for (;;) {
+      auto p = a->progress();
+      if (!p.ok()) break;
+      CHECK(secs_since(t0) < 10, "the foreign write was not refused within 10 s");
+      (void)a->wait(POLLIN, 100);
+    }
+    int wc = a->counters().first_wc_error;
+    log_line("foreign_rkey: client: foreign write refused: %s",
+             ibv_wc_status_str(ibv_wc_status(wc)));
+    CHECK(wc == IBV_WC_REM_ACCESS_ERR, "completion %s, want remote access error",
+          ibv_wc_status_str(ibv_wc_status(wc)));
+    std::vector<char> data(kBytes);
+    Rng r(7);
+    fill(r, data.data(), kBytes);
+    send_all(*b, data.data(), kBytes);
+    CHECK(b->shutdown_write().ok(), "shutdown");
+    char x;
+    CHECK(!recv_all(*b, &x, 1), "unexpected data from server");
+    return 0;
+  };
+  return run_pair(server, client, tun, 120);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|bidir|kill_reader_side|kill_writer_side|keepalive|noport|reject\n", argv[0]);
+    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|bidir|kill_reader_side|kill_writer_side|keepalive|stall|noport|reject|foreign_rkey\n", argv[0]);
     return 2;
   }
   skip_without_device();
@@ -727,6 +793,7 @@ int main(int argc, char** argv) {
   else if (c == "keepalive") rc = keepalive_case();
   else if (c == "stall") rc = stall_case();
   else if (c == "reject") rc = reject_case();
+  else if (c == "foreign_rkey") rc = foreign_rkey_case();
   std::printf("%s: %s in %.1f s\n", c.c_str(), rc == 0 ? "PASS" : "FAIL", secs_since(t0));
   return rc;
 }
