@@ -78,6 +78,29 @@ bool spin(const std::vector<Stream*>& streams, Check&& ready) {
   return false;
 }
 
+// Per-thread buffers of the emulated waits, reused from call to call: a
+// wait allocates only when its thread first meets a larger set, never per
+// call. One set per thread is enough: a hook entered while librsock runs on
+// the thread (a signal handler's poll during our sleep) passes straight
+// through to the kernel (preload/hook.h), so these are never used twice at
+// once. Freed when the thread exits.
+struct WaitScratch {
+  std::vector<SocketRef> refs;  // emptied before every return: no reference outlives a call
+  std::vector<Stream*> streams, active;
+  std::vector<pollfd> kfds, sleep_set, select_set;
+  std::vector<nfds_t> kidx;
+  std::vector<uint64_t> seen;
+  std::vector<Stream*> epoll_streams;
+  std::vector<uint64_t> epoll_seen;
+};
+thread_local WaitScratch t_scratch;
+
+// Drops the references a poll took, on every return path.
+struct RefsGuard {
+  std::vector<SocketRef>& refs;
+  ~RefsGuard() { refs.clear(); }
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -94,8 +117,12 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     if (first == n && governing_stream(lookup(fds[i].fd))) first = i;
   }
   if (first == n) return Err(kRedoPlain);
-  std::vector<SocketRef> refs;
-  std::vector<Stream*> streams(n, nullptr);
+  WaitScratch& ws = t_scratch;
+  auto& refs = ws.refs;
+  RefsGuard release{refs};
+  refs.clear();
+  auto& streams = ws.streams;
+  streams.assign(n, nullptr);
   bool any = false;
   for (nfds_t i = 0; i < n; i++) {
     if (fds[i].fd < 0) continue;
@@ -107,15 +134,17 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     }
   }
   if (!any) return Err(kRedoPlain);
-  std::vector<Stream*> active;
+  auto& active = ws.active;
+  active.clear();
   for (Stream* st : streams)
     if (st) active.push_back(st);
 
   Deadline dl(timeout);
   SignalWatch signals;
-  std::vector<pollfd> kfds;
-  std::vector<nfds_t> kidx;
-  std::vector<uint64_t> seen(n);  // generation each stream's last look was based on
+  auto& kfds = ws.kfds;
+  auto& kidx = ws.kidx;
+  auto& seen = ws.seen;  // generation each stream's last look was based on
+  seen.assign(n, 0);
   auto scan = [&](bool full) -> int {
     int ready = 0;
     kfds.clear();
@@ -153,7 +182,8 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     for (nfds_t i = 0; i < n && !any_st; i++) any_st = streams[i];
     SignalWatch::Sleep sleep(mask, any_st ? any_st->wake_fd() : -1);
     if (signals.check()) return Err(EINTR);  // poll is never restarted
-    std::vector<pollfd> wait(kfds);
+    auto& wait = ws.sleep_set;
+    wait.assign(kfds.begin(), kfds.end());
     bool still = true;  // no stream changed since the scan
     for (nfds_t i = 0; i < n; i++) {
       if (!streams[i]) continue;
@@ -176,7 +206,8 @@ Status<int> select_emulated(int nfds, fd_set* r, fd_set* w, fd_set* e, timespec*
                             const sigset_t* mask) {
   if (nfds < 0 || nfds > FD_SETSIZE) return Err(kRedoPlain);  // the kernel says EINVAL
   bool any = false;
-  std::vector<pollfd> p;
+  auto& p = t_scratch.select_set;
+  p.clear();
   for (int fd = 0; fd < nfds; fd++) {
     short ev = 0;
     if (r && FD_ISSET(fd, r)) ev |= POLLIN;
@@ -796,8 +827,8 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
   }
   Deadline dl(timeout);
   SignalWatch signals;
-  std::vector<Stream*> streams;
-  std::vector<uint64_t> seen;
+  auto& streams = t_scratch.epoll_streams;
+  auto& seen = t_scratch.epoll_seen;
   for (;;) {
     int n;
     {
