@@ -487,6 +487,10 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
   std::memcpy(&peer, peer_addr, std::min<size_t>(sizeof peer, peer_addr->sa_family == AF_INET
                                                                     ? sizeof(sockaddr_in)
                                                                     : sizeof(sockaddr_in6)));
+  if (io_uring_started()) {
+    stats::set_fallback(s->slot(), stats::FallbackReason::kIoUring);
+    return nullptr;
+  }
   if (negative_cache_hit(peer)) {
     stats::set_fallback(s->slot(), stats::FallbackReason::kNegativeCache);
     return nullptr;
@@ -524,6 +528,10 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
   if (!eligible(config::Direction::kServer, reinterpret_cast<sockaddr*>(&local))) return nullptr;
   if (g_verbs_inherited.load(std::memory_order_relaxed)) {
     stats::set_fallback(s->slot(), stats::FallbackReason::kForked);
+    return nullptr;
+  }
+  if (io_uring_started()) {  // the client's request is rejected: no stream matches it
+    stats::set_fallback(s->slot(), stats::FallbackReason::kIoUring);
     return nullptr;
   }
   if (!fd_room(s)) return nullptr;  // its request is rejected with kNoResources
@@ -677,13 +685,14 @@ namespace {
 // reverse switch, kHandOff: no unread byte stays in our memory). All start
 // at once, then we wait for the peers' records together: one round trip
 // for all, bounded by upgrade_timeout_ms.
-void hand_off_streams(bool orphans, bool at_exit) {
+void hand_off_streams(bool orphans, bool at_exit,
+                      stats::FallbackReason why = stats::FallbackReason::kHandedOff) {
   auto mine = [orphans](size_t i) { return orphans || g_stream_owner[i]; };
   bool any = false;
   for (size_t i = 0; i < g_streams.size(); i++) {
     Phase p = g_streams[i]->phase();
     if (mine(i) && (p == Phase::kRdma || p == Phase::kReverting)) {
-      g_streams[i]->start_hand_off(at_exit);
+      g_streams[i]->start_hand_off(at_exit, why);
       any = true;
     }
   }
@@ -691,7 +700,7 @@ void hand_off_streams(bool orphans, bool at_exit) {
   uint64_t deadline = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
   for (size_t i = 0; i < g_streams.size(); i++)
     if (mine(i) && g_streams[i]->phase() == Phase::kReverting)
-      (void)g_streams[i]->hand_off(deadline);
+      (void)g_streams[i]->hand_off(deadline, why);
 }
 
 // Under g_mu: pending upgrades of the application's streams stay on TCP.
@@ -723,6 +732,24 @@ void progress_before_exec() {
 void progress_at_exit() {
   std::lock_guard lk(g_mu);
   hand_off_streams(true, true);
+}
+
+namespace {
+std::atomic<bool> g_io_uring{false};
+}  // namespace
+
+bool io_uring_started() { return g_io_uring.load(std::memory_order_acquire); }
+
+void progress_io_uring_started() {
+  if (g_io_uring.exchange(true, std::memory_order_acq_rel)) return;
+  log::write_line(log::Level::kWarn,
+                  "the program set up io_uring, whose I/O bypasses librsock: its connections "
+                  "stay on kernel TCP from now on (fallback reason io_uring)");
+  std::lock_guard lk(g_mu);
+  fall_back_pending(stats::FallbackReason::kIoUring);
+  // Connections the application closed finish where they are: no ring can
+  // reach them any more.
+  hand_off_streams(false, false, stats::FallbackReason::kIoUring);
 }
 
 void progress_after_fork_parent() { g_mu.unlock(); }

@@ -65,6 +65,17 @@ void progress_before_exec();
 // alone, and nothing is counted as a fallback. Not for _exit() or a fatal
 // signal, which run no atexit handlers.
 void progress_at_exit();
+// The program set up io_uring (liburing's io_uring_queue_init*, io_uring_setup).
+// Its reads and writes through the ring reach the kernel sockets past the
+// hooks, so from now on the process's connections stay on kernel TCP: pending
+// upgrades fall back and every upgraded connection of the application
+// switches back (kHandOff, so that no unread byte stays in librsock's
+// memory: the peer sends those again on TCP), before the call returns,
+// bounded by upgrade_timeout_ms; later connections are not upgraded. All with
+// fallback reason io_uring, and one warning line. Idempotent.
+void progress_io_uring_started();
+// Whether progress_io_uring_started() ran.
+bool io_uring_started();
 void progress_after_fork_parent();
 void progress_after_fork_child();
 

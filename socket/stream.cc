@@ -415,14 +415,14 @@ void Stream::debug_fail_path() {
   advance();  // notices the failure like any later call would
 }
 
-void Stream::start_hand_off(bool at_exit) {
+void Stream::start_hand_off(bool at_exit, stats::FallbackReason why) {
   std::lock_guard lk(mu_);
-  (void)revert_locked(RevertMode::kHandOff, stats::FallbackReason::kHandedOff, !at_exit);
+  (void)revert_locked(RevertMode::kHandOff, why, !at_exit);
 }
 
-bool Stream::hand_off(uint64_t deadline_ns) {
+bool Stream::hand_off(uint64_t deadline_ns, stats::FallbackReason why) {
   std::unique_lock lk(mu_);
-  if (phase() == Phase::kRdma) revert_locked(RevertMode::kHandOff, stats::FallbackReason::kHandedOff);
+  if (phase() == Phase::kRdma) revert_locked(RevertMode::kHandOff, why);
   while (phase() == Phase::kReverting && !(down_done_ && backlog_ == nullptr)) {
     (void)advance_revert();
     if (phase() != Phase::kReverting || (down_done_ && backlog_ == nullptr)) break;
@@ -572,6 +572,9 @@ bool Stream::advance_locked(bool full) {
       stats::set_upgraded(slot_, conn_->qp_num());
       LOG_DEBUG("fd %d: on RDMA (qp %u) after %llu/%llu TCP bytes out/in", tcp_fd_,
                 conn_->qp_num(), (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
+      // io_uring was set up while this switch ran (progress_io_uring_started
+      // hands off only connections already on RDMA): straight back.
+      if (io_uring_started()) (void)revert_locked(RevertMode::kHandOff, stats::FallbackReason::kIoUring);
     }
   }
   if (!conn_ || phase() == Phase::kReverting) return true;  // back to TCP just now

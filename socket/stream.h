@@ -148,10 +148,12 @@ class Stream {
   // kHandOff revert if on RDMA and drives it until the peer's record is in
   // and the backlog is flushed, or until deadline_ns. Returns false if the
   // stream is still bound to this process's RDMA state (the caller decides).
-  bool hand_off(uint64_t deadline_ns);
+  bool hand_off(uint64_t deadline_ns,
+                stats::FallbackReason why = stats::FallbackReason::kHandedOff);
   // The nonblocking first half of hand_off(). at_exit: the process is
   // exiting (no fallback counted, logged at debug level only).
-  void start_hand_off(bool at_exit = false);
+  void start_hand_off(bool at_exit = false,
+                      stats::FallbackReason why = stats::FallbackReason::kHandedOff);
   // Tests: the RDMA path fails as a broken link would (RSOCK_DEBUG_FAIL_PATH).
   void debug_fail_path();
   bool tcp_watched = false;  // progress thread only, under its lock

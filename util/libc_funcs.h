@@ -122,3 +122,16 @@ using RsockExeclFn = int (*)(const char*, const char*, ...);
   X(execl, RsockExeclFn)       \
   X(execlp, RsockExeclFn)      \
   X(execle, RsockExeclFn)
+
+// Not libc: liburing's ring setup, hooked so that a program that sets up
+// io_uring keeps its connections on kernel TCP (its I/O would bypass the
+// hooks; socket/rendezvous.h progress_io_uring_started). liburing may be
+// loaded after librsock, or never: preload/hooks_uring.cc resolves these on
+// each call. Exported like the libc hooks (tests/unit/check_exports.sh).
+struct io_uring;
+struct io_uring_params;
+#define RSOCK_LIBURING_FUNCS(X)                                                             \
+  X(int, io_uring_queue_init, (unsigned n, struct io_uring* r, unsigned f), (n, r, f))      \
+  X(int, io_uring_queue_init_params, (unsigned n, struct io_uring* r, struct io_uring_params* p), \
+    (n, r, p))                                                                              \
+  X(int, io_uring_setup, (unsigned n, struct io_uring_params* p), (n, p))

@@ -33,7 +33,8 @@ const char* fallback_reason_name(FallbackReason r) {
       "none",     "policy",      "peer_not_rsock", "no_device", "resolve_failed", "rejected",
       "timeout",  "negative_cache", "no_resources", "protocol", "unsupported",   "peer_closed",
       "forked",   "other",       "memlock",        "connect_failed",
-      "path_failed", "handed_off",  "released",       "fd_limit"};
+      "path_failed", "handed_off",  "released",       "fd_limit",
+      "io_uring"};
   auto i = static_cast<unsigned>(r);
   return i < kFallbackReasons ? kNames[i] : "unknown";
 }

@@ -22,7 +22,8 @@ constexpr uint64_t kMagic = 0x0054534b434f5352ull;
 // peer's reason in SlotInfo::peer_reason), kNoResources, kMemlock, kConnectFailed;
 // 4: kPathFailed, kHandedOff, kReleased (an upgraded connection switched back),
 //    kFdLimit; SegmentHeader::release (the writer's librsock release)
-constexpr uint32_t kLayoutVersion = 4;
+// 5: kIoUring
+constexpr uint32_t kLayoutVersion = 5;
 constexpr uint32_t kInitialSlots = 64;
 constexpr uint32_t kMaxFiles = 20;  // main + 19 extensions, doubling: ~33M slots
 
@@ -63,8 +64,9 @@ enum class FallbackReason : uint8_t {
   kHandedOff = 17,      // fork() or fd passing: another process may use it next
   kReleased = 18,       // asked to (RSOCK_REVERT), or to give its resources back
   kFdLimit = 19,        // librsock's half of RLIMIT_NOFILE is used up (3 fds per connection)
+  kIoUring = 20,        // the process set up io_uring, whose I/O bypasses the hooks
 };
-constexpr int kFallbackReasons = 20;
+constexpr int kFallbackReasons = 21;
 
 const char* transport_name(Transport t);
 const char* state_name(ConnState s);

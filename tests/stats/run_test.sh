@@ -123,7 +123,7 @@ for want in "rsock_connections_seen_total{$L} 11" "rsock_connections_upgraded_to
   if grep -qxF -- "$want" <<<"$M"; then ok "prometheus: $want"; else bad "prometheus: no line [$want]"; fi
 done
 n=$(grep -c "^rsock_fallbacks_total{$L,reason=" <<<"$M")
-[[ $n == 19 ]] && ok "prometheus: all 19 fallback reasons listed" || bad "prometheus: $n fallback reasons"
+[[ $n == 20 ]] && ok "prometheus: all 20 fallback reasons listed" || bad "prometheus: $n fallback reasons"
 n=$(grep -c "reason=\"none\"" <<<"$M")
 [[ $n == 0 ]] && ok "prometheus: no reason=none" || bad "prometheus: reason=none listed"
 MP=$("$STAT" -p "$PID" --prometheus)
@@ -184,7 +184,7 @@ expect "corrupt: clean message" "$E" "not a librsock stats segment (bad magic)"
 E=$("$STAT" -p "$SLEEPER" 2>&1)
 rc=$?
 [[ $rc == 2 ]] && ok "wrong version: exit 2" || bad "wrong version: exit $rc"
-expect "wrong version: clean message" "$E" "layout version 99, this rsock-stat reads version 4"
+expect "wrong version: clean message" "$E" "layout version 99, this rsock-stat reads version 5"
 T=$("$STAT" 2>&1)
 rc=$?
 [[ $rc == 0 ]] && ok "list with a bad segment: exit 0" || bad "list with a bad segment: exit $rc"
