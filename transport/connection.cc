@@ -391,6 +391,33 @@ Status<void> Connection::debug_write_foreign(const Connection& other) {
   return Ok();
 }
 
+Status<void> Connection::debug_post_raw(RawKind kind, uint32_t imm, const void* payload,
+                                        uint32_t len) {
+  if (!established()) return Err(ENOTCONN);
+  if (len > ring_bytes_) return Err(EMSGSIZE);
+  if (len) std::memcpy(tx_mem_, payload, len);
+  ibv_sge sge{reinterpret_cast<uint64_t>(tx_mem_), len, tx_mr_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = sring_.head();
+  wr.sg_list = len ? &sge : nullptr;
+  wr.num_sge = len ? 1 : 0;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(imm);
+  switch (kind) {
+    case RawKind::kSend: wr.opcode = IBV_WR_SEND_WITH_IMM; break;
+    case RawKind::kSendNoImm: wr.opcode = IBV_WR_SEND; break;
+    case RawKind::kWrite:
+      wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      wr.wr.rdma.remote_addr = peer_.ring_addr;
+      wr.wr.rdma.rkey = peer_.ring_rkey;
+      break;
+  }
+  ibv_send_wr* bad;
+  if (ibv_post_send(id_->qp, &wr, &bad) != 0) return Err(errno);
+  on_posted(true);
+  return Ok();
+}
+
 void Connection::copy_sent(uint64_t from, std::byte* out, size_t n) const {
   while (n > 0) {
     size_t off = sring_.offset(from);

@@ -195,6 +195,14 @@ class Connection {
   // target's device must refuse it (the rkey belongs to another PD): this
   // connection then fails with IBV_WC_REM_ACCESS_ERR (first_wc_error).
   Status<void> debug_write_foreign(const Connection& other);
+  // Tests only (a hostile peer): posts one message outside every rule of the
+  // data path, no credit or WR accounting: kind kSend is SEND_WITH_IMM of
+  // `len` bytes of `payload`, kSendNoImm a SEND without immediate, kWrite
+  // RDMA_WRITE_WITH_IMM of `len` bytes to the start of the peer's ring. The
+  // bytes go out of this connection's own send ring (overwritten: the
+  // connection is not used for data afterwards).
+  enum class RawKind : uint8_t { kSend, kSendNoImm, kWrite };
+  Status<void> debug_post_raw(RawKind kind, uint32_t imm, const void* payload, uint32_t len);
 
  private:
   friend class Listener;

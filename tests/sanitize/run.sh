@@ -15,7 +15,8 @@ if [ ! -f "$B/CMakeCache.txt" ]; then
   cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRSOCK_SANITIZE=address,undefined \
     -DRSOCK_WERROR=ON >/dev/null || exit 1
 fi
-cmake --build "$B" -j2 --target rsock rsock_conformance rsock_revert rsock_switch_test >/dev/null || {
+cmake --build "$B" -j2 --target rsock rsock_conformance rsock_revert rsock_switch_test \
+  rsock_transport_vmtest >/dev/null || {
   cmake --build "$B" -j1 --target rsock 2>&1 | tail -20; exit 1; }
 ASAN_RT=$(gcc -print-file-name=libasan.so)
 UBSAN_RT=$(gcc -print-file-name=libubsan.so)
@@ -53,6 +54,11 @@ done
 for c in a_bidirectional_across_switch d_forged_request_upgraded_connection e_forged_request_plain_client; do
   LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=5000 $B/tests/upgrade/rsock_switch_test -tc=\$c > sw.log 2>&1 || { tail -30 sw.log; echo "FAIL: switch \$c"; rc=1; }
   tail -1 sw.log
+done
+# Hostile peers against the transport, itself built with the sanitizers.
+for c in hostile foreign_rkey; do
+  $B/tests/rdma/rsock_transport_vmtest \$c > tr.log 2>&1 || { tail -30 tr.log; echo "FAIL: transport \$c"; rc=1; }
+  tail -1 tr.log
 done
 exit \$rc
 IN
