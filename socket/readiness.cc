@@ -6,6 +6,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include <boost/intrusive/list.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -66,10 +68,12 @@ Stream* governing_stream(const SocketRef& s) {
 
 // Busy-poll the streams for spin_us before sleeping, when any is on RDMA:
 // an answer usually comes back sooner than a sleep/wakeup round trip.
+// `resting_rdma`: the caller also waits for streams on RDMA not in `streams`.
 template <typename Check>
-bool spin(const std::vector<Stream*>& streams, Check&& ready) {
+bool spin(const std::vector<Stream*>& streams, Check&& ready, bool resting_rdma = false) {
   uint32_t us = process_config().tunables.spin_us;
-  if (!us || std::none_of(streams.begin(), streams.end(), [](Stream* s) { return s->on_rdma(); }))
+  if (!us || (!resting_rdma && std::none_of(streams.begin(), streams.end(),
+                                            [](Stream* s) { return s->on_rdma(); })))
     return false;
   uint64_t end = now_ns() + uint64_t{us} * 1000;
   do {
@@ -246,10 +250,29 @@ Status<int> select_emulated(int nfds, fd_set* r, fd_set* w, fd_set* e, timespec*
 // epoll
 // ---------------------------------------------------------------------------
 
+// A registration's entry on its set's ready list (epoll_watch_fired): pushed
+// lock-free by the data path, taken by collect() under the set's lock.
+struct EpollWatch {
+  std::atomic<bool> queued{false};  // on the set's pushed stack
+  EpollWatch* next = nullptr;       // in that stack
+  void* reg = nullptr;              // its Reg
+  void* set = nullptr;              // its EpollSet
+};
+
 namespace {
 
+namespace bi = boost::intrusive;
+
 struct Reg {
-  Reg(int f, Socket* s, uint32_t e, epoll_data_t d) : fd(f), sock(s), events(e), data(d) {}
+  Reg(int f, Socket* s, uint32_t e, epoll_data_t d, void* set)
+      : fd(f), sock(s), events(e), data(d) {
+    watch.reg = this;
+    watch.set = set;
+  }
+  // On the set's visit list while collect() must look at it (see EpollSet);
+  // unlinked when destroyed.
+  bi::list_member_hook<bi::link_mode<bi::auto_unlink>> visit_hook;
+  EpollWatch watch;
   int fd;
   Socket* sock;          // one reference held while registered
   uint32_t events;       // the application's mask (with EPOLLET/EPOLLONESHOT)
@@ -278,6 +301,9 @@ struct Reg {
 };
 constexpr uint8_t kFiredWake = 1, kFiredConn = 2;
 
+using VisitList = bi::list<Reg, bi::member_hook<Reg, decltype(Reg::visit_hook), &Reg::visit_hook>,
+                           bi::constant_time_size<false>>;
+
 // The kernel instance (the application's epfd) holds the kernel-side
 // registrations and ready_fd; librsock's internal fds (the streams' wake and
 // connection fds) live in a private `shadow` instance, so that internal
@@ -287,16 +313,31 @@ constexpr uint8_t kFiredWake = 1, kFiredConn = 2;
 // Who keeps ready_fd current: every collect(); stream I/O through the hooks
 // (readiness_after_io); and, for a `watched` set (one that was polled or put
 // in another epoll), the progress thread, woken by the shadow instance.
+//
+// The ready list. collect() looks only at the registrations on `visit`, so an
+// epoll_wait costs what is ready, not what is registered. A registration
+// leaves `visit` (rests) only when nothing can change it unseen: its stream
+// is on RDMA, nothing fired or is due, no one else looked at the stream since
+// (generation), it is in no other set, and the stream names it as its
+// `epoll_watch`. It comes back when an internal fd fires (drain_shadow: the
+// shadow entry names it), when the data path changes its stream in passing
+// (epoll_watch_fired pushes it on `pushed`, lock-free), or when the
+// application touches it (EPOLL_CTL_*), and whatever else changes a stream
+// (phase, fallback, close) wakes it through its wake fd, which is in the
+// shadow. A thread asleep in the set is woken by a push through `poke_fd`.
 struct EpollSet {
   std::mutex mu;
   // Stable addresses: the shadow's events point at their Reg.
   std::vector<std::unique_ptr<Reg>> regs;
+  VisitList visit;
+  std::atomic<EpollWatch*> pushed{nullptr};  // Treiber stack, taken whole
+  int poke_fd = -1;                          // eventfd in the shadow
   int user_count = 0;
   int shadow = -1;
   int ready_fd = -1;
   bool ready_set = false;
   bool due_unsignalled = false;  // user events due, ready_fd not set (set_ready)
-  int sleepers = 0;              // threads asleep in an emulated epoll_wait on it
+  std::atomic<int> sleepers{0};  // threads asleep in an emulated epoll_wait on it
   int internal_fds = 0;          // entries in the shadow instance
   std::atomic<bool> watched{false};  // written under mu; read without it as a hint
 };
@@ -371,13 +412,19 @@ void ensure_aux(EpollSet* set, int epfd) {
   set->shadow = sh;
   set->ready_fd = rf;
   set->ready_set = false;
+  int pf = sys::own_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  epoll_event pev{};
+  pev.events = EPOLLIN | EPOLLET;
+  pev.data.u64 = 3;  // kPoke: no Reg
+  if (pf >= 0 && sys::libc.epoll_ctl(sh, EPOLL_CTL_ADD, pf, &pev) == 0) set->poke_fd = pf;
+  else sys::close_owned(pf);
   if (set->watched) progress_watch(sh, monitor, set);
 }
 
 int internal_target(EpollSet* set, int epfd) { return set->shadow >= 0 ? set->shadow : epfd; }
 
 // Shadow entries carry (Reg address) | kind.
-constexpr uint64_t kWake = 0, kConn = 1, kTcpWatch = 2, kKindMask = 3;
+constexpr uint64_t kWake = 0, kConn = 1, kTcpWatch = 2, kPoke = 3, kKindMask = 3;
 static_assert(alignof(Reg) > kKindMask);
 
 // Shadow entries are edge-triggered: each firing is harvested once by
@@ -411,15 +458,44 @@ void drain_shadow(EpollSet* set) {
   for (;;) {
     int k = sys::libc.epoll_wait(set->shadow, evs, 64, 0);
     for (int i = 0; i < k; i++) {
+      uint64_t kind = evs[i].data.u64 & kKindMask;
+      if (kind == kPoke) continue;  // a push: take_pushed() has it
       Reg& r = *reinterpret_cast<Reg*>(evs[i].data.u64 & ~kKindMask);
       r.dirty = true;
-      uint64_t kind = evs[i].data.u64 & kKindMask;
+      if (!r.visit_hook.is_linked()) set->visit.push_back(r);
       if (kind == kTcpWatch) r.tcp_fired |= evs[i].events;
       else r.fired |= kind == kWake ? kFiredWake : kFiredConn;
     }
     budget -= k;
     if (k < 64 || budget <= 0) break;
   }
+}
+
+// Under set->mu: the registrations the data path pushed go back on `visit`.
+void take_pushed(EpollSet* set) {
+  EpollWatch* w = set->pushed.exchange(nullptr, std::memory_order_acq_rel);
+  while (w) {
+    EpollWatch* next = w->next;
+    w->queued.store(false, std::memory_order_release);
+    Reg& r = *static_cast<Reg*>(w->reg);
+    if (!r.visit_hook.is_linked()) set->visit.push_back(r);
+    w = next;
+  }
+}
+
+void visit(EpollSet* set, Reg& r) {
+  if (!r.visit_hook.is_linked()) set->visit.push_back(r);
+}
+
+// Under set->mu: the stream stops naming r as the registration to push, and
+// r is off the pushed stack (it is about to leave the set or user space).
+// A socket whose last fd is closed may have lost its stream already (the
+// progress thread deletes it once its linger ends): its stream is not
+// touched; an orphaned stream pushes nothing (Stream::orphan clears the watch).
+void unwatch(EpollSet* set, Reg& r) {
+  if (r.sock->names() > 0)
+    if (Stream* st = r.sock->stream()) st->clear_epoll_watch(&r.watch);
+  if (r.watch.queued.load(std::memory_order_acquire)) take_pushed(set);
 }
 
 void del_internal(EpollSet* set, int epfd, int fd) {
@@ -452,8 +528,12 @@ void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
   r.last_rx = r.last_tx = ~0ull;  // the first evaluation reports what is ready
   r.last_ev = 0;
   r.dirty = r.dirty_all = true;
+  visit(set, r);
   set->user_count++;
-  r.sock->epoll_users.fetch_add(1, std::memory_order_relaxed);
+  // In a second set now: the registration resting in the first must be
+  // looked at every time from now on (it cannot rest: see EpollSet).
+  if (r.sock->epoll_users.fetch_add(1, std::memory_order_relaxed) >= 1)
+    if (EpollWatch* w = st->epoll_watch()) epoll_watch_fired(w);
   r.wake_fd = st->wake_fd();
   add_internal(set, epfd, r.wake_fd, r);
 }
@@ -468,6 +548,7 @@ void del_internals(EpollSet* set, int epfd, Reg& r) {
 
 // Under set->mu: back to the kernel (the upgrade fell back to TCP).
 void to_kernel(EpollSet* set, int epfd, Reg& r) {
+  unwatch(set, r);
   del_internals(set, epfd, r);
   r.user = false;
   set->user_count--;
@@ -480,6 +561,7 @@ void to_kernel(EpollSet* set, int epfd, Reg& r) {
 
 void drop(EpollSet* set, int epfd, size_t i) {
   Reg& r = *set->regs[i];
+  unwatch(set, r);
   if (r.user) {
     if (epfd >= 0) del_internals(set, epfd, r);  // before the Reg their events name is freed
     set->user_count--;
@@ -513,6 +595,7 @@ void rearm(EpollSet* set, int epfd, Reg& r, const epoll_event& ev) {
   r.last_rx = r.last_tx = ~0ull;
   r.last_ev = 0;
   r.dirty = r.dirty_all = true;
+  visit(set, r);
   if (r.tcp_fd >= 0) {  // the edge-triggered TCP watch follows the mask's EPOLLOUT
     del_internal(set, epfd, r.tcp_fd);
     r.tcp_fd = -1;
@@ -544,6 +627,26 @@ uint32_t to_epoll(short p) {
   return e;
 }
 
+// Under set->mu, after collect() looked at r (all its firings harvested): may
+// r leave `visit` until something brings it back (see EpollSet)? Only if
+// every change it could miss would reach it: a user-space one must be on RDMA (TCP phases change by
+// the kernel socket and the switch: looked at every time), with nothing
+// fired, due or unseen, in no other set, and named by its stream as the
+// registration the data path pushes.
+bool may_rest(Reg& r) {
+  // Kernel-held ones are looked at every time: it is how one whose socket
+  // was closed without EPOLL_CTL_DEL is dropped (nothing of ours fires for
+  // a plain socket).
+  if (!r.user) return false;
+  Stream* st = r.sock->stream();
+  if (!st || !st->governs() || !st->on_rdma()) return false;
+  if (r.sock->epoll_users.load(std::memory_order_relaxed) != 1) return false;
+  if (st->epoll_watch() != &r.watch) st->set_epoll_watch(&r.watch);
+  if (r.disarmed) return true;  // nothing to report until EPOLL_CTL_MOD (rearm)
+  return !r.dirty && !r.due_last && r.fired == 0 && r.tcp_fired == 0 &&
+         st->generation() == r.seen_gen;
+}
+
 // Under set->mu: keeps registrations in step with their sockets and returns
 // the user-space events that are due. `streams` collects the live streams.
 // `seen` (with streams): the generation each one's state was last looked at
@@ -554,23 +657,26 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
   int n = 0;
   bool still_due = false;  // user events a next call would report (ready_fd)
   if (full) drain_shadow(set);
-  size_t resume = 0;  // where the next collect starts when maxevents cut this one
-  for (size_t i = 0; i < set->regs.size();) {
-    Reg& r = *set->regs[i];
+  take_pushed(set);
+  Reg* resume = nullptr;  // where the next collect starts when maxevents cut this one
+  for (auto it = set->visit.begin(); it != set->visit.end();) {
+    Reg& r = *it++;  // r may be dropped, or rest (leave `visit`)
+    bool cut = false;  // not looked at: maxevents was reached
     // Linux keeps a registration until the socket's last fd is closed (a dup
     // keeps it alive, even when the registered fd number is gone).
     if (r.sock->names() == 0) {
-      drop(set, epfd, i);
+      drop(set, epfd, index_of(set, &r));
       continue;
     }
     if (r.parked) {
       // Something fired for it, or it fell back: delete it for real.
       Stream* pst = r.sock->stream();
       if (r.fired || r.tcp_fired || !pst || !pst->governs()) {
-        drop(set, epfd, i);
+        drop(set, epfd, index_of(set, &r));
         continue;
       }
-      i++;
+      // Rests: a firing or a fallback (its wake fd) brings it back.
+      if (full && set->poke_fd >= 0) set->visit.erase(set->visit.iterator_to(r));
       continue;
     }
     Stream* st = r.sock->stream();
@@ -607,7 +713,8 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
                   r.sock->epoll_users.load(std::memory_order_relaxed) > 1;
       if (!r.disarmed && n >= max) {
         still_due = true;  // not looked at: assume due
-        if (!resume) resume = i;
+        cut = true;
+        if (!resume) resume = &r;
       }
       if (!r.disarmed && n < max && look) {
         // Only what fired costs syscalls: the wake eventfd is read if it
@@ -657,12 +764,17 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
       }
       if (seen && r.user && !r.disarmed) (*seen)[my_seen] = r.seen_gen;
     }
-    i++;
+    // (poke_fd: only in a set whose sleepers a push can wake.)
+    if (full && set->poke_fd >= 0 && !cut && may_rest(r)) set->visit.erase(set->visit.iterator_to(r));
   }
   // Like the kernel's ready list, which hands level-triggered entries out in
   // rotation: the registrations maxevents left out come first next time, or
   // a few always-ready sockets at the front would starve the rest.
-  if (resume) std::rotate(set->regs.begin(), set->regs.begin() + long(resume), set->regs.end());
+  if (resume && resume->visit_hook.is_linked()) {
+    VisitList front;
+    front.splice(front.end(), set->visit, set->visit.begin(), set->visit.iterator_to(*resume));
+    set->visit.splice(set->visit.end(), front);
+  }
   set_ready(set, still_due);
   return n;
 }
@@ -682,6 +794,7 @@ void refresh(EpollSet* set, bool full) {
     if (full) {
       st->consume_wake();
       r.dirty = r.dirty_all = true;  // its wakeup is consumed here: the next collect must look
+      visit(set, r);
     }
     short ev = st->poll_events(to_poll(r.events), full);
     if (ev < 0) {
@@ -710,8 +823,8 @@ void check_before_sleep(EpollSet* set, int epfd) {
   for (auto& rp : set->regs) {
     Reg& r = *rp;
     if (!r.user || r.parked || r.disarmed || (r.events & (EPOLLET | EPOLLONESHOT)) ||
-        r.sock->names() == 0)
-      continue;
+        r.sock->names() == 0 || r.watch.queued.load(std::memory_order_acquire))
+      continue;  // (queued: pushed since the collect; the sleep is skipped for it)
     Stream* st = r.sock->stream();
     if (!st || !st->governs()) continue;
     short interest = to_poll(r.events);
@@ -799,13 +912,14 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
   // The kernel validates and holds it (possibly only until collect() moves it).
   if (sys::libc.epoll_ctl(epfd, op, fd, ev) != 0) return Err(errno);
   if (op == EPOLL_CTL_ADD) {
-    auto reg = std::unique_ptr<Reg>(new (std::nothrow) Reg(fd, s.get(), ev->events, ev->data));
+    auto reg = std::unique_ptr<Reg>(new (std::nothrow) Reg(fd, s.get(), ev->events, ev->data, set));
     if (!reg) {
       sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
       return Err(ENOMEM);
     }
     s->ref();
     set->regs.push_back(std::move(reg));
+    visit(set, *set->regs.back());
     if (Stream* st = governing_stream(s)) to_user(set, epfd, *set->regs.back(), st);
   } else if (r && op == EPOLL_CTL_DEL) {
     drop(set, epfd, index_of(set, r));
@@ -830,17 +944,19 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
   auto& streams = t_scratch.epoll_streams;
   auto& seen = t_scratch.epoll_seen;
   for (;;) {
-    int n;
+    int n, users;
     {
       std::lock_guard lk(set->mu);
       streams.clear();
       seen.clear();
       n = collect(set, epfd, ev, max, &streams, true, &seen);
+      users = set->user_count;  // in `streams`, or resting on the ready list
     }
     if (n < max) {
-      // Kernel-held registrations, without sleeping if we already have some.
+      // Kernel-held registrations, without sleeping if we already have some
+      // or must also wait for user-space ones (the sleep below covers both).
       timespec zero{}, buf;
-      const timespec* t = n ? &zero : (streams.empty() ? dl.left(&buf) : &zero);
+      const timespec* t = n || users > 0 ? &zero : dl.left(&buf);
       bool sleeps = t != &zero;
       SignalWatch::Sleep sleep(mask, -1, sleeps);  // kernel fds only
       if (sleeps && signals.check()) return Err(EINTR);
@@ -856,16 +972,36 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       n += epoll_filter_internal(epfd, ev + n, k);
     }
     if (n || dl.expired()) return n;
-    if (streams.empty()) continue;  // only internal wakeups: re-collect
-    if (spin(streams, [&] {
-          std::lock_guard lk(set->mu);
-          return (n = collect(set, epfd, ev, max, nullptr, false)) > 0;
-        }))
+    // Registrations resting in the set (not in `streams`): on RDMA, their
+    // arrivals show as the shadow instance turning readable.
+    int shadow_now, resting;
+    {
+      std::lock_guard lk(set->mu);
+      shadow_now = set->shadow;
+      resting = set->user_count - int(streams.size());
+      users = set->user_count;
+    }
+    if (users == 0) continue;  // only internal wakeups: re-collect
+    bool poked = false;
+    auto ready_now = [&] {
+      {
+        std::lock_guard lk(set->mu);
+        if ((n = collect(set, epfd, ev, max, nullptr, false)) > 0) return true;
+      }
+      if (resting > 0 && shadow_now >= 0) {
+        pollfd p{shadow_now, POLLIN, 0};
+        poked = sys::libc.poll(&p, 1, 0) == 1;
+      }
+      return poked;
+    };
+    if (spin(streams, ready_now, resting > 0)) {
+      if (poked) continue;  // collect it fully
       return n;
+    }
     // Sleep in the kernel on the application's instance (kernel-side
     // registrations) and the shadow one (the streams' wake and connection
     // fds); then collect both again.
-    int shadow;
+    int shadow, poke;
     {
       std::lock_guard lk(set->mu);
       // Another thread's collect() found events due without signalling
@@ -873,6 +1009,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       if (set->due_unsignalled) continue;
       if (process_config().tunables.debug_checks) check_before_sleep(set, epfd);
       shadow = set->shadow;
+      poke = set->poke_fd;
       set->sleepers++;
     }
     struct Awake {  // sleepers-- once the sleep is over, on every path
@@ -885,8 +1022,9 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       }
       ~Awake() { done(); }
     } awake{set};
-    // streams[0]'s wake fd is in the shadow instance (or in epfd without one).
-    SignalWatch::Sleep sleep(mask, streams[0]->wake_fd());
+    // streams[0]'s wake fd is in the shadow instance (or in epfd without one);
+    // with every registration resting, the set's poke fd is.
+    SignalWatch::Sleep sleep(mask, streams.empty() ? poke : streams[0]->wake_fd());
     if (signals.check()) return Err(EINTR);
     const sigset_t* sleep_mask = sleep.mask();
     // A stream that changed since collect() looked at it may have found no
@@ -894,6 +1032,9 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     bool still = true;
     for (size_t i = 0; i < streams.size(); i++)
       still &= streams[i]->sleep_begin(seen[i]) || seen[i] == kNoCheck;
+    // A resting registration pushed since the collect: look, do not sleep
+    // (pairs with epoll_watch_fired; sleepers was raised above).
+    still &= set->pushed.load(std::memory_order_seq_cst) == nullptr;
     timespec buf, zero{};
     const timespec* t = still ? dl.left(&buf) : &zero;
     int k;
@@ -947,7 +1088,8 @@ void epoll_fd_closed(int fd) {
     if (set->watched) progress_unwatch(set->shadow);
     sys::close_owned(set->shadow);
     sys::close_owned(set->ready_fd);
-    set->shadow = set->ready_fd = -1;
+    sys::close_owned(set->poke_fd);
+    set->shadow = set->ready_fd = set->poke_fd = -1;
     set->internal_fds = 0;
     set->ready_set = false;
   }
@@ -987,6 +1129,25 @@ void epoll_take_over(int fd) {
     if (r && !r->user && r->sock == s.get()) to_user(set, epfd, *r, st);
   }
   st->wake();  // a waiter already asleep in one of those sets re-collects
+}
+
+void epoll_watch_fired(EpollWatch* w) {
+  if (w->queued.exchange(true, std::memory_order_acq_rel)) return;  // already on the list
+  auto* set = static_cast<EpollSet*>(w->set);
+  EpollWatch* head = set->pushed.load(std::memory_order_relaxed);
+  do {
+    w->next = head;
+  } while (!set->pushed.compare_exchange_weak(head, w, std::memory_order_seq_cst,
+                                              std::memory_order_relaxed));
+  // seq_cst pairs with the sleeper's sleepers++ then pushed check: either it
+  // sees this push and does not sleep, or this sees it and wakes it. A
+  // watched set's monitor (progress thread) is woken the same way.
+  if ((set->sleepers.load(std::memory_order_seq_cst) > 0 ||
+       set->watched.load(std::memory_order_relaxed)) &&
+      set->poke_fd >= 0) {
+    uint64_t one = 1;
+    (void)!sys::libc.write(set->poke_fd, &one, sizeof one);
+  }
 }
 
 }  // namespace rsock::socket

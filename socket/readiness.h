@@ -59,4 +59,11 @@ void readiness_after_io(const Socket* s);
 // user space.
 void epoll_take_over(int fd);
 
+// The data path changed the readiness of a stream whose registration rests
+// in an epoll set (Stream::epoll_watch): put it on the set's ready list.
+// Lock-free; called under the stream's lock; a syscall only to wake a
+// thread asleep in that set.
+struct EpollWatch;
+void epoll_watch_fired(EpollWatch* w);
+
 }  // namespace rsock::socket

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "socket/process.h"
+#include "socket/readiness.h"
 #include "socket/rendezvous.h"
 #include "util/log.h"
 #include "util/owned_fds.h"
@@ -462,7 +463,21 @@ void Stream::advance_inline(bool full) {
       uint64_t one = 1;
       (void)!sys::libc.write(wake_fd_, &one, sizeof one);
     }
+    // A registration resting in an epoll set learns of it through its set's
+    // ready list (it has no sleeper here: see epoll_watch_fired).
+    if (EpollWatch* w = epoll_watch_.load(std::memory_order_acquire)) epoll_watch_fired(w);
   }
+}
+
+void Stream::set_epoll_watch(EpollWatch* w) {
+  std::lock_guard lk(mu_);
+  epoll_watch_.store(w, std::memory_order_release);
+}
+
+void Stream::clear_epoll_watch(EpollWatch* w) {
+  std::lock_guard lk(mu_);
+  if (epoll_watch_.load(std::memory_order_relaxed) == w)
+    epoll_watch_.store(nullptr, std::memory_order_release);
 }
 
 // One step of everything that can progress without blocking. Returns true on
@@ -840,6 +855,9 @@ void Stream::begin_close() {
 void Stream::orphan() {
   std::lock_guard lk(mu_);
   orphaned_ = true;
+  // No data path any more: nothing to push, and the registration may be
+  // freed without looking at this stream (readiness.cc unwatch).
+  epoll_watch_.store(nullptr, std::memory_order_release);
   linger lg{};
   socklen_t len = sizeof lg;
   if (phase() != Phase::kPlain && phase() != Phase::kRdma &&
@@ -852,6 +870,7 @@ void Stream::orphan() {
     sys::close_owned(tcp_fd_);  // the last reference: the kernel sends the RST
     tcp_fd_ = -1;
     set_phase(Phase::kBroken);
+    wake();
     return;
   }
   if (phase() == Phase::kRdma) begin_close();
@@ -863,6 +882,9 @@ void Stream::orphan() {
     if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
     set_phase(Phase::kPlain);
   }
+  // An epoll registration resting on the ready list must learn that its
+  // socket is gone (readiness.cc drops it when it looks).
+  wake();
 }
 
 bool Stream::linger_done() {

@@ -58,6 +58,8 @@ const char* phase_name(Phase p);
 // (it fell back to plain TCP): the caller redoes the call on the kernel.
 inline constexpr int kRedoPlain = 1000;
 
+struct EpollWatch;  // readiness.cc
+
 class Stream {
  public:
   Stream(int tcp_fd, bool client, const sockaddr_storage& local, const sockaddr_storage& peer,
@@ -192,6 +194,17 @@ class Stream {
   }
   void sleep_end() { sleepers_.fetch_sub(1, std::memory_order_acq_rel); }
 
+  // epoll's ready list (readiness.cc): the one registration of this stream
+  // that may rest between epoll_waits, pushed onto its set's ready list
+  // whenever the data path changes readiness in passing (advance_inline),
+  // without a syscall unless a thread sleeps in that set. Set and cleared
+  // under mu_ (callers hold the set's lock, which comes first), so a push,
+  // which runs under mu_, never meets a registration being freed.
+  EpollWatch* epoll_watch() const { return epoll_watch_.load(std::memory_order_acquire); }
+  void set_epoll_watch(EpollWatch* w);
+  // Clears it if it is `w`.
+  void clear_epoll_watch(EpollWatch* w);
+
  private:
   // Under mu_:
   // `full`: also rdma_cm events, timers and CQ re-arming (a syscall or
@@ -238,6 +251,7 @@ class Stream {
   std::atomic<uint64_t> tx_gen_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> start_requested_{false};
+  std::atomic<EpollWatch*> epoll_watch_{nullptr};
   int tcp_fd_;         // our own dup of the kernel socket (CLOEXEC); -1 once aborted
   int wake_fd_ = -1;   // eventfd, readable when waiters must re-check
   const bool client_;
