@@ -124,7 +124,7 @@ Status<std::unique_ptr<Connection>> Connection::connect(const sockaddr* dst, con
   std::unique_ptr<Connection> c(new (std::nothrow) Connection(tun));
   if (!c) return Err(ENOMEM);
   if (auto s = c->init_fds(); !s) return Err(s.error());
-  std::memcpy(c->my_payload_, payload.data(), payload.size());
+  if (!payload.empty()) std::memcpy(c->my_payload_, payload.data(), payload.size());  // data() may be null
   c->my_payload_len_ = static_cast<uint8_t>(payload.size());
   if (rdma_create_id(cm_hub::channel(), &c->id_, c.get(), RDMA_PS_TCP) != 0) return Err(errno);
   c->state_ = State::kResolvingAddr;
@@ -213,7 +213,7 @@ void Connection::fill_setup(wire::SetupBlock* b, wire::SetupKind kind,
   b->ring_rkey = rx_mr_->rkey;
   b->ring_log2 = static_cast<uint8_t>(std::countr_zero(ring_bytes_));
   b->recv_slots = static_cast<uint16_t>(recv_slots_);
-  std::memcpy(b->payload, payload.data(), payload.size());
+  if (!payload.empty()) std::memcpy(b->payload, payload.data(), payload.size());
 }
 
 Status<void> Connection::handle_cm_event(const rdma_cm_event& ev) {
