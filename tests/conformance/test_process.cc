@@ -329,6 +329,32 @@ TEST_CASE("exec: a posix_spawn'ed program talks over an inherited upgraded conne
   CHECK(memcmp(b, "parent", 6) == 0);
 }
 
+// system() and popen() start their shell through glibc-internal calls that
+// no hook sees (docs/DESIGN.md, exec): the program keeps its connections,
+// the shell does not use them. Neither may disturb a connection, upgraded
+// or not, that the program goes on using in both directions.
+TEST_CASE("exec: system() and popen() while a connection is open; it goes on") {
+  Pair p = connected_pair();
+  char b[16];
+  REQUIRE(write_all(p.client, "before", 6) == 6);
+  REQUIRE(read_exact(p.server, b, 6) == 6);
+  int st = system("exit 3");
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 3);
+  FILE* f = popen("echo popen-ok", "r");
+  REQUIRE(f != nullptr);
+  char line[32] = {};
+  CHECK(fgets(line, sizeof line, f) != nullptr);
+  CHECK(std::string(line) == "popen-ok\n");
+  CHECK(pclose(f) == 0);
+  REQUIRE(write_all(p.client, "after-c", 7) == 7);
+  REQUIRE(read_exact(p.server, b, 7) == 7);
+  CHECK(memcmp(b, "after-c", 7) == 0);
+  REQUIRE(write_all(p.server, "after-s", 7) == 7);
+  REQUIRE(read_exact(p.client, b, 7) == 7);
+  CHECK(memcmp(b, "after-s", 7) == 0);
+}
+
 TEST_CASE("server: epoll echo server with many concurrent connections") {
   const int kConns = 48;
   Listener l = make_listener(AF_INET, kConns);
