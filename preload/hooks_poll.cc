@@ -107,9 +107,15 @@ RSOCK_HOOK int epoll_create1(int flags) noexcept {
 
 RSOCK_HOOK int epoll_ctl(int ep, int op, int fd, struct epoll_event* ev) noexcept {
   HookScope h;
-  if (h.tracked(fd)) {
-    auto r = rsock::socket::epoll_ctl_tracked(ep, op, fd, ev);
-    if (r.ok() || r.error() != kRedoPlain) return h.finish(r);
+  if (auto s = h.tracked(fd)) {
+    // A socket that will never have a stream and has no registration of ours
+    // is the kernel's alone (the common case without RDMA: no per-call work).
+    bool plain_for_good = s->upgrade_decided.load(std::memory_order_acquire) && !s->stream() &&
+                          s->epoll_regs.load(std::memory_order_acquire) == 0;
+    if (!plain_for_good) {
+      auto r = rsock::socket::epoll_ctl_tracked(ep, op, fd, ev);
+      if (r.ok() || r.error() != kRedoPlain) return h.finish(r);
+    }
   } else if (op != EPOLL_CTL_DEL && rsock::preload::t_depth == 1) {
     rsock::socket::epoll_observed(fd);  // an epoll instance nested in another
   }

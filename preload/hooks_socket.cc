@@ -85,6 +85,7 @@ static int accept_common(HookScope& h, int fd, int r, int flags) {
     if (auto s = socket::lookup(r)) {
       s->open_stats(r, stats::Direction::kServer, nullptr, true);
       socket::start_server_upgrade(l.get(), s.get(), r);
+      s->upgrade_decided.store(true, std::memory_order_release);
     }
   } else {
     forget(r);
@@ -144,6 +145,7 @@ RSOCK_HOOK int listen(int fd, int backlog) noexcept {
   if (auto s = h.tracked(fd); s && r == 0) {
     s->set_role(Role::kListener);
     rsock::socket::listener_started(s.get(), fd);
+    s->upgrade_decided.store(true, std::memory_order_release);
   }
   return h.pass(r);
 }
@@ -168,6 +170,7 @@ RSOCK_HOOK int connect(int fd, const struct sockaddr* addr, socklen_t len) noexc
     s->open_stats(fd, rsock::stats::Direction::kClient, addr, r == 0);
     if (rsock::socket::start_client_upgrade(s.get(), fd, addr))
       rsock::socket::epoll_take_over(fd);  // registered before connect()
+    s->upgrade_decided.store(true, std::memory_order_release);
     errno = saved;  // EINPROGRESS must reach the application
   }
   return h.pass(r);

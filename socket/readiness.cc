@@ -567,6 +567,7 @@ void drop(EpollSet* set, int epfd, size_t i) {
     set->user_count--;
     r.sock->epoll_users.fetch_sub(1, std::memory_order_relaxed);
   }
+  r.sock->epoll_regs.fetch_sub(1, std::memory_order_acq_rel);
   r.sock->unref();
   set->regs.erase(set->regs.begin() + long(i));
 }
@@ -918,6 +919,7 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
       return Err(ENOMEM);
     }
     s->ref();
+    s->epoll_regs.fetch_add(1, std::memory_order_acq_rel);
     set->regs.push_back(std::move(reg));
     visit(set, *set->regs.back());
     if (Stream* st = governing_stream(s)) to_user(set, epfd, *set->regs.back(), st);

@@ -81,6 +81,13 @@ class Socket {
   // with more than one, a set cannot rely on seeing every wakeup itself
   // (another consumes it), so it re-evaluates the socket on every wait.
   std::atomic<int> epoll_users{0};
+  // EpollSet registrations of any kind that name this socket (readiness.cc).
+  std::atomic<int> epoll_regs{0};
+  // Set by connect/accept/listen once the socket's stream is decided (it has
+  // one now or never will): a socket without a stream then needs no epoll
+  // registration of ours, and the epoll_ctl hook passes straight to the
+  // kernel (pass-through cost), unless one exists from before.
+  std::atomic<bool> upgrade_decided{false};
 
  private:
   friend class SocketPool;
