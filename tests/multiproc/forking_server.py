@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+# forking_server.py ADDR -- issue 12: Python's socketserver.ForkingTCPServer,
+# unmodified, an accept-then-fork server (the master accepts, a forked child
+# serves each connection and exits). Run preloaded in the RDMA VM (ctest sets
+# LD_PRELOAD): the server process and 12 concurrent client threads, each
+# sending 256 KiB of random bytes, half-closing and reading the echo to EOF.
+# Every byte must come back, in order, as without librsock. Connections
+# served by a forked child cannot upgrade there yet (the child cannot use the
+# RDMA devices its parent opened: fallback reason forked); the test asserts
+# correctness and prints the transports the clients saw.
+import os, socket, socketserver, sys, threading
+
+ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
+if not os.path.isdir("/sys/class/infiniband") or not os.listdir("/sys/class/infiniband"):
+    print("SKIP: no RDMA device")
+    sys.exit(77)
+try:
+    socket.socket().bind((ADDR, 0))
+except OSError as e:
+    print("SKIP: cannot bind %s: %s" % (ADDR, e))
+    sys.exit(77)
+SOL_RSOCK, RSOCK_TRANSPORT = 0x5253, 1
+CONNS, N = 12, 256 * 1024
+
+
+class Echo(socketserver.StreamRequestHandler):
+    def handle(self):
+        while True:
+            b = self.request.recv(65536)
+            if not b:
+                break
+            self.request.sendall(b)
+
+
+class Server(socketserver.ForkingTCPServer):
+    allow_reuse_address = True
+
+
+srv = Server((ADDR, 0), Echo)
+port = srv.server_address[1]
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+results, transports = [None] * CONNS, [set() for _ in range(CONNS)]
+
+
+def transport_of(s):
+    try:  # without librsock the kernel says EOPNOTSUPP: the same program runs plain too
+        return int.from_bytes(s.getsockopt(SOL_RSOCK, RSOCK_TRANSPORT, 4), "little", signed=True)
+    except OSError:
+        return -1
+
+
+def client(i):
+    data = os.urandom(N)
+    s = socket.create_connection((ADDR, port))
+    got = bytearray()
+
+    def reader():
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            got.extend(b)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for off in range(0, N, 32768):
+        s.sendall(data[off:off + 32768])
+        transports[i].add(transport_of(s))
+    s.shutdown(socket.SHUT_WR)
+    t.join(120)
+    s.close()
+    results[i] = bytes(got) == data
+
+
+threads = [threading.Thread(target=client, args=(i,)) for i in range(CONNS)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(180)
+srv.shutdown()
+srv.server_close()
+good = sum(1 for r in results if r)
+seen = sorted(set().union(*transports))
+print("forking_server: %d/%d echoes exact; client transports seen %s (-1 no librsock, 0 tcp, 1 upgrading, 2 rdma)"
+      % (good, CONNS, seen))
+if good != CONNS:
+    print("FAIL: %d of %d echoes wrong or missing" % (CONNS - good, CONNS))
+    sys.exit(1)
+print("forking_server: PASS")
