@@ -65,6 +65,15 @@ bool stream_send(HookScope& h, const socket::SocketRef& s, std::span<const iovec
   return stream_io<true>(h, s, iov, flags, out);
 }
 
+// The stream's scratch buffer, or null with ENOMEM reported in *res.
+static char* scratch_buf(HookScope& h, const socket::Stream::Scratch& sc, ssize_t* res) {
+  if (sc.buf().empty()) {
+    *res = h.finish(Status<ssize_t>(Err(ENOMEM)));
+    return nullptr;
+  }
+  return reinterpret_cast<char*>(sc.buf().data());
+}
+
 // sendfile onto an upgraded socket: read the file into the stream's scratch
 // buffer, then send. `off` null: the file position moves by exactly what was
 // sent.
@@ -73,11 +82,8 @@ static bool stream_sendfile(HookScope& h, const socket::SocketRef& s, int in, of
   socket::Stream* st = governing(s);
   if (!st) return false;
   socket::Stream::Scratch sc(*st);
-  if (sc.buf().empty()) {
-    *out = h.finish(Status<ssize_t>(Err(ENOMEM)));
-    return true;
-  }
-  char* buf = reinterpret_cast<char*>(sc.buf().data());
+  char* buf = scratch_buf(h, sc, out);
+  if (!buf) return true;
   size_t want = std::min(n, sc.buf().size());
   ssize_t got = off ? pread64(in, buf, want, *off) : real().read(in, buf, want);
   if (got <= 0) {
@@ -130,11 +136,8 @@ static bool stream_splice_out(HookScope& h, const socket::SocketRef& s, loff_t* 
     return true;
   }
   socket::Stream::Scratch sc(*st);
-  if (sc.buf().empty()) {
-    *res = h.finish(Status<ssize_t>(Err(ENOMEM)));
-    return true;
-  }
-  char* buf = reinterpret_cast<char*>(sc.buf().data());
+  char* buf = scratch_buf(h, sc, res);
+  if (!buf) return true;
   size_t want = std::min(n, sc.buf().size());
   if (flags & SPLICE_F_NONBLOCK) {
     if (!pipe_ready(out, POLLOUT)) {
@@ -175,11 +178,8 @@ static bool stream_splice_in(HookScope& h, int in, loff_t* off_in, const socket:
     return true;
   }
   socket::Stream::Scratch sc(*st);
-  if (sc.buf().empty()) {
-    *res = h.finish(Status<ssize_t>(Err(ENOMEM)));
-    return true;
-  }
-  char* buf = reinterpret_cast<char*>(sc.buf().data());
+  char* buf = scratch_buf(h, sc, res);
+  if (!buf) return true;
   size_t want = std::min(n, sc.buf().size());
   if (nb) {
     auto room = st->send_room();
@@ -402,7 +402,7 @@ RSOCK_TX_HOOK(ssize_t, sendfile64, (int o, int in, off64_t* off, size_t n), o,
 
 RSOCK_HOOK ssize_t splice(int in, loff_t* oi, int out, loff_t* oo, size_t n, unsigned f) noexcept {
   HookScope h;
-  ssize_t res;
+  ssize_t res = 0;
   if (auto s = h.tracked(in)) {
     if (rsock::preload::stream_splice_out(h, s, oi, out, oo, n, f, &res)) return res;
     return h.io_rx(s, real().splice(in, oi, out, oo, n, f));

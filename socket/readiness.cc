@@ -393,6 +393,15 @@ EpollSet* set_for(int epfd) {
 
 void monitor(void* arg);
 
+// Shadow entries carry (Reg address) | kind; the set's poke fd has no Reg.
+constexpr uint64_t kWake = 0, kConn = 1, kTcpWatch = 2, kPoke = 3, kKindMask = 3;
+static_assert(alignof(Reg) > kKindMask);
+
+// Under set->mu: r goes on the ready list (if not there yet).
+void visit(EpollSet* set, Reg& r) {
+  if (!r.visit_hook.is_linked()) set->visit.push_back(r);
+}
+
 // Under set->mu: creates the shadow instance and ready_fd on the first
 // user-space registration. Without them (no fds left) the internal fds go
 // into the kernel instance as a fallback: spurious wakeups of a polled or
@@ -415,7 +424,7 @@ void ensure_aux(EpollSet* set, int epfd) {
   int pf = sys::own_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   epoll_event pev{};
   pev.events = EPOLLIN | EPOLLET;
-  pev.data.u64 = 3;  // kPoke: no Reg
+  pev.data.u64 = kPoke;
   if (pf >= 0 && sys::libc.epoll_ctl(sh, EPOLL_CTL_ADD, pf, &pev) == 0) set->poke_fd = pf;
   else sys::close_owned(pf);
   if (set->watched) progress_watch(sh, monitor, set);
@@ -423,9 +432,6 @@ void ensure_aux(EpollSet* set, int epfd) {
 
 int internal_target(EpollSet* set, int epfd) { return set->shadow >= 0 ? set->shadow : epfd; }
 
-// Shadow entries carry (Reg address) | kind.
-constexpr uint64_t kWake = 0, kConn = 1, kTcpWatch = 2, kPoke = 3, kKindMask = 3;
-static_assert(alignof(Reg) > kKindMask);
 
 // Shadow entries are edge-triggered: each firing is harvested once by
 // drain_shadow() and kept in the Reg (dirty/fired) until collect() evaluates
@@ -462,7 +468,7 @@ void drain_shadow(EpollSet* set) {
       if (kind == kPoke) continue;  // a push: take_pushed() has it
       Reg& r = *reinterpret_cast<Reg*>(evs[i].data.u64 & ~kKindMask);
       r.dirty = true;
-      if (!r.visit_hook.is_linked()) set->visit.push_back(r);
+      visit(set, r);
       if (kind == kTcpWatch) r.tcp_fired |= evs[i].events;
       else r.fired |= kind == kWake ? kFiredWake : kFiredConn;
     }
@@ -477,14 +483,9 @@ void take_pushed(EpollSet* set) {
   while (w) {
     EpollWatch* next = w->next;
     w->queued.store(false, std::memory_order_release);
-    Reg& r = *static_cast<Reg*>(w->reg);
-    if (!r.visit_hook.is_linked()) set->visit.push_back(r);
+    visit(set, *static_cast<Reg*>(w->reg));
     w = next;
   }
-}
-
-void visit(EpollSet* set, Reg& r) {
-  if (!r.visit_hook.is_linked()) set->visit.push_back(r);
 }
 
 // Under set->mu: the stream stops naming r as the registration to push, and
@@ -946,13 +947,14 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
   auto& streams = t_scratch.epoll_streams;
   auto& seen = t_scratch.epoll_seen;
   for (;;) {
-    int n, users;
+    int n, users, shadow_now;
     {
       std::lock_guard lk(set->mu);
       streams.clear();
       seen.clear();
       n = collect(set, epfd, ev, max, &streams, true, &seen);
       users = set->user_count;  // in `streams`, or resting on the ready list
+      shadow_now = set->shadow;
     }
     if (n < max) {
       // Kernel-held registrations, without sleeping if we already have some
@@ -974,16 +976,10 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       n += epoll_filter_internal(epfd, ev + n, k);
     }
     if (n || dl.expired()) return n;
+    if (users == 0) continue;  // only internal wakeups: re-collect
     // Registrations resting in the set (not in `streams`): on RDMA, their
     // arrivals show as the shadow instance turning readable.
-    int shadow_now, resting;
-    {
-      std::lock_guard lk(set->mu);
-      shadow_now = set->shadow;
-      resting = set->user_count - int(streams.size());
-      users = set->user_count;
-    }
-    if (users == 0) continue;  // only internal wakeups: re-collect
+    const int resting = users - int(streams.size());
     bool poked = false;
     auto ready_now = [&] {
       {

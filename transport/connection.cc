@@ -374,21 +374,30 @@ Status<void> Connection::debug_stall_sends() {
   return Ok();
 }
 
-Status<void> Connection::debug_write_foreign(const Connection& other) {
-  if (!established() || !other.established()) return Err(ENOTCONN);
-  ibv_sge sge{reinterpret_cast<uint64_t>(tx_mem_), 8, tx_mr_->lkey};
+// Tests only: one signalled WR of `len` bytes from the start of our send
+// ring memory, outside the data path's accounting (debug_write_foreign,
+// debug_post_raw).
+Status<void> Connection::debug_post(ibv_wr_opcode op, uint32_t imm, uint32_t len,
+                                    uint64_t remote_addr, uint32_t rkey) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(tx_mem_), len, tx_mr_->lkey};
   ibv_send_wr wr{};
   wr.wr_id = sring_.head();
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.sg_list = len ? &sge : nullptr;
+  wr.num_sge = len ? 1 : 0;
+  wr.opcode = op;
   wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = other.peer_.ring_addr;
-  wr.wr.rdma.rkey = other.peer_.ring_rkey;
+  wr.imm_data = htonl(imm);
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
   ibv_send_wr* bad;
   if (ibv_post_send(id_->qp, &wr, &bad) != 0) return Err(errno);
   on_posted(true);
   return Ok();
+}
+
+Status<void> Connection::debug_write_foreign(const Connection& other) {
+  if (!established() || !other.established()) return Err(ENOTCONN);
+  return debug_post(IBV_WR_RDMA_WRITE, 0, 8, other.peer_.ring_addr, other.peer_.ring_rkey);
 }
 
 Status<void> Connection::debug_post_raw(RawKind kind, uint32_t imm, const void* payload,
@@ -396,26 +405,13 @@ Status<void> Connection::debug_post_raw(RawKind kind, uint32_t imm, const void* 
   if (!established()) return Err(ENOTCONN);
   if (len > ring_bytes_) return Err(EMSGSIZE);
   if (len) std::memcpy(tx_mem_, payload, len);
-  ibv_sge sge{reinterpret_cast<uint64_t>(tx_mem_), len, tx_mr_->lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = sring_.head();
-  wr.sg_list = len ? &sge : nullptr;
-  wr.num_sge = len ? 1 : 0;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.imm_data = htonl(imm);
   switch (kind) {
-    case RawKind::kSend: wr.opcode = IBV_WR_SEND_WITH_IMM; break;
-    case RawKind::kSendNoImm: wr.opcode = IBV_WR_SEND; break;
+    case RawKind::kSend: return debug_post(IBV_WR_SEND_WITH_IMM, imm, len, 0, 0);
+    case RawKind::kSendNoImm: return debug_post(IBV_WR_SEND, 0, len, 0, 0);
     case RawKind::kWrite:
-      wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-      wr.wr.rdma.remote_addr = peer_.ring_addr;
-      wr.wr.rdma.rkey = peer_.ring_rkey;
-      break;
+      return debug_post(IBV_WR_RDMA_WRITE_WITH_IMM, imm, len, peer_.ring_addr, peer_.ring_rkey);
   }
-  ibv_send_wr* bad;
-  if (ibv_post_send(id_->qp, &wr, &bad) != 0) return Err(errno);
-  on_posted(true);
-  return Ok();
+  return Err(EINVAL);
 }
 
 void Connection::copy_sent(uint64_t from, std::byte* out, size_t n) const {

@@ -212,6 +212,8 @@ class Connection {
   };
 
   explicit Connection(const config::Tunables& tun);
+  Status<void> debug_post(ibv_wr_opcode op, uint32_t imm, uint32_t len, uint64_t remote_addr,
+                          uint32_t rkey);
   // connection.cc: setup and teardown
   Status<void> init_fds();
   void handle_queued_cm_events();
