@@ -14,16 +14,11 @@
 # failed rdma_cm attempt) and still echo every byte.
 import os, socket, sys, threading, time
 
+from rdma_env import skip_unless_rdma
+
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 AFTER_LISTEN = "--after-listen" in sys.argv
-if not os.path.isdir("/sys/class/infiniband") or not os.listdir("/sys/class/infiniband"):
-    print("SKIP: no RDMA device")
-    sys.exit(77)
-try:
-    socket.socket().bind((ADDR, 0))
-except OSError as e:
-    print("SKIP: cannot bind %s: %s" % (ADDR, e))
-    sys.exit(77)
+skip_unless_rdma(ADDR)
 SOL_RSOCK, RSOCK_TRANSPORT = 0x5253, 1
 N = 1 << 20
 tag = "/tmp/daemon-test.%d" % os.getpid()

@@ -10,15 +10,10 @@
 # correctness and prints the transports the clients saw.
 import os, socket, socketserver, sys, threading
 
+from rdma_env import skip_unless_rdma
+
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
-if not os.path.isdir("/sys/class/infiniband") or not os.listdir("/sys/class/infiniband"):
-    print("SKIP: no RDMA device")
-    sys.exit(77)
-try:
-    socket.socket().bind((ADDR, 0))
-except OSError as e:
-    print("SKIP: cannot bind %s: %s" % (ADDR, e))
-    sys.exit(77)
+skip_unless_rdma(ADDR)
 SOL_RSOCK, RSOCK_TRANSPORT = 0x5253, 1
 CONNS, N = 12, 256 * 1024
 

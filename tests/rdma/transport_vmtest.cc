@@ -706,6 +706,37 @@ int reject_case() {
 
 
 // ---------------------------------------------------------------- foreign_rkey
+// Shared by foreign_rkey and hostile. The honest stream: `n` bytes of
+// Rng(seed), then EOF; the receiver checks every byte and the EOF.
+void send_seeded_and_close(rt::Connection& c, size_t n, uint64_t seed) {
+  std::vector<char> data(n);
+  Rng r(seed);
+  fill(r, data.data(), n);
+  send_all(c, data.data(), n);
+  CHECK(c.shutdown_write().ok(), "shutdown");
+  char x;
+  CHECK(!recv_all(c, &x, 1), "unexpected data from server");
+}
+
+void expect_seeded_then_eof(rt::Connection& c, size_t n, uint64_t seed, const char* what) {
+  std::vector<char> want(n), got(n);
+  Rng r(seed);
+  fill(r, want.data(), n);
+  CHECK(recv_all(c, got.data(), n), "%s: EOF early", what);
+  CHECK(std::memcmp(want.data(), got.data(), n) == 0, "%s: bytes differ", what);
+  char x;
+  CHECK(!recv_all(c, &x, 1), "%s: bytes after the end", what);
+}
+
+// Drives the attacker's connection until it ends (the victim reset it).
+void wait_ended(rt::Connection& c, double secs, const char* what) {
+  uint64_t t0 = rsock::now_ns();
+  while (c.progress().ok()) {
+    CHECK(secs_since(t0) < secs, "%s: still connected after %.0f s", what, secs);
+    (void)c.wait(POLLIN, 100);
+  }
+}
+
 // Isolation (docs/TRANSPORT.md): a hostile peer with two connections to one
 // process aims an RDMA WRITE through its first QP at the receive ring of its
 // second connection, with that ring's real address and rkey. The target's
@@ -718,13 +749,8 @@ int foreign_rkey_case() {
   auto server = [&](rt::Listener& l, pid_t) -> int {
     auto a = accept_one(l);  // the attacker's QP
     auto b = accept_one(l);  // the victim: its ring is the target
-    std::vector<char> want(kBytes), got(kBytes);
-    Rng r(7);
-    fill(r, want.data(), kBytes);
-    CHECK(recv_all(*b, got.data(), kBytes), "victim stream: EOF early");
-    CHECK(std::memcmp(want.data(), got.data(), kBytes) == 0, "victim stream: bytes differ");
+    expect_seeded_then_eof(*b, kBytes, 7, "victim stream");
     char x;
-    CHECK(!recv_all(*b, &x, 1), "victim stream: bytes after the end");
     // The attacker's connection is gone here too (its peer failed or
     // disconnected): recv reports an error or EOF, within a bounded time.
     uint64_t t0 = rsock::now_ns();
@@ -746,25 +772,13 @@ int foreign_rkey_case() {
     auto b = connect_to(port, tun);
     auto st = a->debug_write_foreign(*b);
     CHECK(st.ok(), "post: %s", std::strerror(st.ok() ? 0 : st.error()));
-    uint64_t t0 = rsock::now_ns();
-    for (;;) {
-      auto p = a->progress();
-      if (!p.ok()) break;
-      CHECK(secs_since(t0) < 10, "the foreign write was not refused within 10 s");
-      (void)a->wait(POLLIN, 100);
-    }
+    wait_ended(*a, 10, "foreign write not refused:");
     int wc = a->counters().first_wc_error;
     log_line("foreign_rkey: client: foreign write refused: %s",
              ibv_wc_status_str(ibv_wc_status(wc)));
     CHECK(wc == IBV_WC_REM_ACCESS_ERR, "completion %s, want remote access error",
           ibv_wc_status_str(ibv_wc_status(wc)));
-    std::vector<char> data(kBytes);
-    Rng r(7);
-    fill(r, data.data(), kBytes);
-    send_all(*b, data.data(), kBytes);
-    CHECK(b->shutdown_write().ok(), "shutdown");
-    char x;
-    CHECK(!recv_all(*b, &x, 1), "unexpected data from server");
+    send_seeded_and_close(*b, kBytes, 7);
     return 0;
   };
   return run_pair(server, client, tun, 120);
@@ -864,13 +878,7 @@ int hostile_case() {
       CHECK(err == ECONNRESET, "%s: error %s, want ECONNRESET", hc.name, std::strerror(err));
       log_line("hostile: server: %-22s -> connection reset (%.3f s)", hc.name, secs_since(t0));
     }
-    std::vector<char> want(kBytes), got(kBytes);
-    Rng r(11);
-    fill(r, want.data(), kBytes);
-    CHECK(recv_all(*honest, got.data(), kBytes), "honest stream: EOF early");
-    CHECK(std::memcmp(want.data(), got.data(), kBytes) == 0, "honest stream: bytes differ");
-    char x;
-    CHECK(!recv_all(*honest, &x, 1), "honest stream: bytes after the end");
+    expect_seeded_then_eof(*honest, kBytes, 11, "honest stream");
     log_line("hostile: server: %zu hostile connections reset, the honest one delivered %zu bytes",
              cases.size(), kBytes);
     return 0;
@@ -881,22 +889,9 @@ int hostile_case() {
       auto a = connect_to(port, tun);
       auto st = a->debug_post_raw(hc.kind, hc.imm, hc.payload.data(), uint32_t(hc.payload.size()));
       CHECK(st.ok(), "%s: post: %s", hc.name, std::strerror(st.ok() ? 0 : st.error()));
-      // The server resets it: the attacker sees its connection end.
-      uint64_t t0 = rsock::now_ns();
-      for (;;) {
-        auto p = a->progress();
-        if (!p.ok()) break;
-        CHECK(secs_since(t0) < 15, "%s: still connected after 15 s", hc.name);
-        (void)a->wait(POLLIN, 100);
-      }
+      wait_ended(*a, 15, hc.name);  // the server resets it
     }
-    std::vector<char> data(kBytes);
-    Rng r(11);
-    fill(r, data.data(), kBytes);
-    send_all(*honest, data.data(), kBytes);
-    CHECK(honest->shutdown_write().ok(), "shutdown");
-    char x;
-    CHECK(!recv_all(*honest, &x, 1), "unexpected data from server");
+    send_seeded_and_close(*honest, kBytes, 11);
     return 0;
   };
   return run_pair(server, client, tun, 180);

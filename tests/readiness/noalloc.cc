@@ -10,7 +10,6 @@
 // SOL_RSOCK); after a warm-up round, every waiting call of 200 more rounds,
 // ready and not ready, with and without sleeping, must allocate nothing.
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -24,7 +23,7 @@
 #include <cstring>
 #include <ctime>
 
-#include "preload/librsock.h"
+#include "tests/common/inprocess_pair.h"
 
 extern "C" {
 void* __libc_malloc(size_t);
@@ -75,67 +74,16 @@ int posix_memalign(void** out, size_t a, size_t n) {
 void free(void* p) { __libc_free(p); }
 }
 
-namespace {
-
-#define CHECK(c, ...)                                  \
-  do {                                                 \
-    if (!(c)) {                                        \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);               \
-      std::fprintf(stderr, "\n");                      \
-      std::exit(1);                                    \
-    }                                                  \
-  } while (0)
-
-int transport_of(int fd) {
-  int t = -1;
-  socklen_t len = sizeof t;
-  if (getsockopt(fd, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) != 0) return -1;
-  return t;
-}
-
-void sleep_ms(int ms) {
-  timespec t{ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&t, nullptr);
-}
-
-bool have_device() {
-  DIR* d = opendir("/sys/class/infiniband");
-  if (!d) return false;
-  bool any = false;
-  while (dirent* e = readdir(d))
-    if (e->d_name[0] != '.') any = true;
-  closedir(d);
-  return any;
-}
-
-}  // namespace
+using namespace inprocess;
 
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
   const char* addr = argc > 1 ? argv[1] : "10.77.0.1";
-  if (!have_device()) {
-    std::printf("SKIP: no RDMA device\n");
-    return 77;
-  }
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  CHECK(inet_pton(AF_INET, addr, &a.sin_addr) == 1, "bad address %s", addr);
-  int l = socket(AF_INET, SOCK_STREAM, 0);
-  CHECK(l >= 0 && bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(l, 4) == 0,
-        "listen: %s", std::strerror(errno));
-  socklen_t al = sizeof a;
-  CHECK(getsockname(l, reinterpret_cast<sockaddr*>(&a), &al) == 0, "getsockname");
-  int c = socket(AF_INET, SOCK_STREAM, 0);
-  CHECK(connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "connect: %s",
-        std::strerror(errno));
-  int s = accept(l, nullptr, nullptr);
-  CHECK(s >= 0 && s < FD_SETSIZE && c < FD_SETSIZE, "accept: %s", std::strerror(errno));
-  for (int i = 0; transport_of(c) != RSOCK_TRANSPORT_RDMA || transport_of(s) != RSOCK_TRANSPORT_RDMA;
-       i++) {
-    CHECK(i < 3000, "no upgrade within 30 s (transports %d %d)", transport_of(c), transport_of(s));
-    sleep_ms(10);
-  }
+  skip_without_device();
+  Pair pair = connect_to_self(addr);
+  const int c = pair.client, s = pair.server;
+  CHECK(s < FD_SETSIZE && c < FD_SETSIZE, "fds %d %d past FD_SETSIZE", c, s);
+  await_rdma(c, s);
   char byte = 'x';
   CHECK(write(c, &byte, 1) == 1, "write");
   int ep = epoll_create1(0);

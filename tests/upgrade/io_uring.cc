@@ -14,7 +14,6 @@
 //    past the hooks (raw sendto, read by the client).
 // 4. A new connection stays on TCP; the stats say io_uring for all three.
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <linux/io_uring.h>
@@ -30,54 +29,15 @@
 #include <string>
 #include <vector>
 
-#include "preload/librsock.h"
+#include "tests/common/inprocess_pair.h"
 #include "util/stats.h"
 #include "util/stats_reader.h"
 
+using namespace inprocess;
+
 namespace {
 
-#define CHECK(c, ...)                                             \
-  do {                                                            \
-    if (!(c)) {                                                   \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);   \
-      std::fprintf(stderr, __VA_ARGS__);                          \
-      std::fprintf(stderr, "\n");                                 \
-      std::exit(1);                                               \
-    }                                                             \
-  } while (0)
-
-int transport_of(int fd) {
-  int t = -1;
-  socklen_t len = sizeof t;
-  if (getsockopt(fd, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) != 0) return -1;
-  return t;
-}
-
-void sleep_ms(int ms) {
-  timespec t{ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&t, nullptr);
-}
-
-bool have_device() {
-  DIR* d = opendir("/sys/class/infiniband");
-  if (!d) return false;
-  bool any = false;
-  while (dirent* e = readdir(d))
-    if (e->d_name[0] != '.') any = true;
-  closedir(d);
-  return any;
-}
-
 unsigned char pattern(size_t i) { return static_cast<unsigned char>((i * 131 + (i >> 9)) & 0xff); }
-
-// A connected pair inside this process (both ends preloaded).
-void make_pair(const sockaddr_in& at, int* client, int* server, int listener) {
-  *client = socket(AF_INET, SOCK_STREAM, 0);
-  CHECK(connect(*client, reinterpret_cast<const sockaddr*>(&at), sizeof at) == 0, "connect: %s",
-        std::strerror(errno));
-  *server = accept(listener, nullptr, nullptr);
-  CHECK(*server >= 0, "accept: %s", std::strerror(errno));
-}
 
 // recvfrom straight to the kernel: what an io_uring RECV sees.
 ssize_t raw_recv(int fd, void* b, size_t n) {
@@ -96,10 +56,7 @@ using WaitCqes = int (*)(void*, io_uring_cqe**, unsigned, void*, void*);
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
   const char* addr = argc > 1 ? argv[1] : "10.77.0.1";
-  if (!have_device()) {
-    std::printf("SKIP: no RDMA device\n");
-    return 77;
-  }
+  skip_without_device();
   if (!dlopen("liburing.so.2", RTLD_NOW | RTLD_GLOBAL)) {
     std::printf("SKIP: no liburing.so.2 (%s)\n", dlerror());
     return 77;
@@ -116,21 +73,9 @@ int main(int argc, char** argv) {
         "io_uring_queue_init is not librsock's hook (%s): not preloaded?",
         di.dli_fname ? di.dli_fname : "?");
 
-  sockaddr_in at{};
-  at.sin_family = AF_INET;
-  CHECK(inet_pton(AF_INET, addr, &at.sin_addr) == 1, "bad address %s", addr);
-  int l = socket(AF_INET, SOCK_STREAM, 0);
-  CHECK(l >= 0 && bind(l, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0 && listen(l, 4) == 0,
-        "listen: %s", std::strerror(errno));
-  socklen_t al = sizeof at;
-  CHECK(getsockname(l, reinterpret_cast<sockaddr*>(&at), &al) == 0, "getsockname");
-  int c, s;
-  make_pair(at, &c, &s, l);
-  for (int i = 0; transport_of(c) != RSOCK_TRANSPORT_RDMA || transport_of(s) != RSOCK_TRANSPORT_RDMA;
-       i++) {
-    CHECK(i < 3000, "no upgrade within 30 s (transports %d %d)", transport_of(c), transport_of(s));
-    sleep_ms(10);
-  }
+  Pair p = connect_to_self(addr);
+  const int c = p.client, s = p.server;
+  await_rdma(c, s);
   constexpr size_t kTotal = 256 * 1024, kFirst = 100000;
   std::vector<unsigned char> out(kTotal), in(kTotal);
   for (size_t i = 0; i < kTotal; i++) out[i] = pattern(i);
@@ -195,8 +140,11 @@ int main(int argc, char** argv) {
   CHECK(std::memcmp(back, reply, sizeof reply) == 0, "reply differs");
 
   // New connections stay on TCP.
-  int c2, s2;
-  make_pair(at, &c2, &s2, l);
+  int c2 = socket(AF_INET, SOCK_STREAM, 0);
+  CHECK(connect(c2, reinterpret_cast<sockaddr*>(&p.addr), sizeof p.addr) == 0, "connect: %s",
+        std::strerror(errno));
+  int s2 = accept(p.listener, nullptr, nullptr);
+  CHECK(s2 >= 0, "accept: %s", std::strerror(errno));
   sleep_ms(1500);
   CHECK(transport_of(c2) == RSOCK_TRANSPORT_TCP && transport_of(s2) == RSOCK_TRANSPORT_TCP,
         "a connection made after io_uring upgraded (transports %d %d)", transport_of(c2),
