@@ -75,7 +75,8 @@ Stream::Stream(int tcp_fd, bool client, const sockaddr_storage& local,
   g_streams_alive.fetch_add(1, std::memory_order_relaxed);
   wake_fd_ = sys::own_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   my_cookie_ = random_cookie();
-  deadline_ns_ = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+  born_ns_ = now_ns();
+  deadline_ns_ = born_ns_ + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
   stats::set_state(slot_, stats::ConnState::kUpgrading);
 }
 
@@ -151,6 +152,9 @@ void Stream::start_client() {
   }
   conn_ = std::move(*c);
   conn_->set_notify(notify_stream, this);
+  LOG_DEBUG("fd %d: rendezvous started %llu us after connect(), TCP bytes out/in %llu/%llu", tcp_fd_,
+            (unsigned long long)(now_ns() - born_ns_) / 1000, (unsigned long long)tcp_tx_,
+            (unsigned long long)tcp_rx_);
 }
 
 void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
@@ -160,6 +164,9 @@ void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64
   conn_ = std::move(conn);
   conn_->set_notify(notify_stream, this);
   peer_cookie_ = peer_cookie;
+  LOG_DEBUG("fd %d: rendezvous request accepted %llu us after accept(), TCP bytes out/in %llu/%llu",
+            tcp_fd_, (unsigned long long)(now_ns() - born_ns_) / 1000, (unsigned long long)tcp_tx_,
+            (unsigned long long)tcp_rx_);
 }
 
 std::pair<stats::FallbackReason, bool> setup_fallback(const transport::Connection& c) {
@@ -585,8 +592,9 @@ bool Stream::advance_locked(bool full) {
       set_phase(Phase::kRdma);
       if (fin_deferred_) (void)conn_->shutdown_write();
       stats::set_upgraded(slot_, conn_->qp_num());
-      LOG_DEBUG("fd %d: on RDMA (qp %u) after %llu/%llu TCP bytes out/in", tcp_fd_,
-                conn_->qp_num(), (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
+      LOG_DEBUG("fd %d: on RDMA (qp %u) %llu us after the socket's start, after %llu/%llu TCP bytes "
+                "out/in", tcp_fd_, conn_->qp_num(), (unsigned long long)(now_ns() - born_ns_) / 1000,
+                (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
       // io_uring was set up while this switch ran (progress_io_uring_started
       // hands off only connections already on RDMA): straight back.
       if (io_uring_started()) (void)revert_locked(RevertMode::kHandOff, stats::FallbackReason::kIoUring);
@@ -671,6 +679,9 @@ void Stream::enter_switching() {
   offer_sent_ = true;
   out_marker_ = {wire::kMarkerMagic, peer_cookie_, tcp_tx_};
   offer_queued_ = true;
+  LOG_DEBUG("fd %d: RDMA connection up %llu us after the socket's start, switching at TCP bytes out/in "
+            "%llu/%llu", tcp_fd_, (unsigned long long)(now_ns() - born_ns_) / 1000,
+            (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
 }
 
 void Stream::handle_controls() {

@@ -260,6 +260,7 @@ class Stream {
   uint64_t my_cookie_ = 0, peer_cookie_ = 0;
   uint8_t version_ = 0;  // the rendezvous version both ends speak (wire::negotiate)
   uint64_t deadline_ns_ = 0;
+  uint64_t born_ns_ = 0;  // for the rendezvous timeline in debug logs
   std::unique_ptr<transport::Connection> conn_;
   int err_ = 0;
   bool err_reported_ = false;  // err_ went to the application once
