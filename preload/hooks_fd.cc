@@ -26,6 +26,7 @@ namespace rsock::preload {
 // fd `nfd` now names whatever `fd` names (dup family); r is the syscall result.
 static int after_dup(HookScope& h, int fd, int r) {
   if (r < 0) return r;
+  if (socket::in_vfork_child()) return h.pass(r);  // its own fd table, our parent's memory
   if (auto* t = socket::FdTable::get_if_exists()) {
     if (auto s = t->lookup(fd)) t->install(r, s.get());
     else t->remove(r);
@@ -56,6 +57,9 @@ static int fcntl_common(RsockFcntlFn fn, int fd, int cmd, void* arg) {
 
 RSOCK_HOOK int close(int fd) noexcept {
   HookScope h;
+  // A vfork child closes its own copy of the fds; the table is its parent's.
+  if (rsock::socket::FdTable::get_if_exists() && rsock::socket::in_vfork_child())
+    return h.pass(real().close(fd));
   // A number the program never got from the kernel (librsock's own, at the
   // top of the fd space): a daemon closing "all other fds" must not take our
   // connections down. For the program it is closed.
@@ -71,6 +75,8 @@ RSOCK_HOOK int close(int fd) noexcept {
 
 RSOCK_HOOK int close_range(unsigned lo, unsigned hi, int flags) noexcept {
   HookScope h;
+  if (rsock::socket::FdTable::get_if_exists() && rsock::socket::in_vfork_child())
+    return h.pass(real().close_range(lo, hi, flags));
   int r = 0;
   if (h.outermost() && rsock::sys::owned_fd_count() > 0 && lo <= hi) {
     // Around librsock's own fds (see close()): the ranges between them.
@@ -156,6 +162,7 @@ RSOCK_HOOK pid_t fork(void) noexcept {
   pid_t pid = real().fork();
   rsock::socket::after_fork();
   if (pid == 0) {
+    rsock::socket::note_state_owner();
     rsock::stats::after_fork_child();  // the child publishes its own file
     rsock::socket::progress_after_fork_child();
   } else {
@@ -170,15 +177,25 @@ RSOCK_HOOK pid_t fork(void) noexcept {
 // internal __execve, past any hook: each public entry point is hooked.
 // (system() and popen() spawn through glibc-internal calls: not covered; the
 // shell they start does not use the program's sockets.)
-static void before_exec(HookScope& h) {
-  if (h.outermost() && rsock::socket::tracking_enabled()) rsock::socket::progress_before_exec();
+// A vfork child (Python's subprocess, for one) execs with its parent's
+// memory: the connections are the parent's, which goes on with them, and
+// the child's verbs commands would be refused anyway. (posix_spawn's
+// internal child execs past every hook; its hook runs in the parent.)
+// The hook's scope ends before the exec itself: an exec that succeeds never
+// returns to end it, and in a vfork child the thread-local depth is the
+// parent's, which would then take every later call for a nested one.
+static void before_exec() {
+  HookScope h;
+  int saved = errno;
+  if (h.outermost() && rsock::socket::tracking_enabled() && !rsock::socket::in_vfork_child())
+    rsock::socket::progress_before_exec();
+  errno = saved;
 }
 
 #define RSOCK_EXEC_HOOK(name, params, args) \
   RSOCK_HOOK int name params noexcept {     \
-    HookScope h;                            \
-    before_exec(h);                         \
-    return h.pass(real().name args);        \
+    before_exec();                          \
+    return real().name args;                \
   }
 RSOCK_EXEC_HOOK(execve, (const char* p, char* const a[], char* const e[]), (p, a, e))
 RSOCK_EXEC_HOOK(execv, (const char* p, char* const a[]), (p, a))
@@ -210,26 +227,23 @@ RSOCK_EXEC_HOOK(posix_spawnp,
   for (size_t i = 1; i <= n; i++) argv[i] = va_arg(ap, const char*);
 
 RSOCK_HOOK int execl(const char* p, const char* arg, ...) noexcept {
-  HookScope h;
   RSOCK_EXECL_ARGV(arg)
   va_end(ap);
-  before_exec(h);
-  return h.pass(real().execv(p, const_cast<char* const*>(argv)));
+  before_exec();
+  return real().execv(p, const_cast<char* const*>(argv));
 }
 RSOCK_HOOK int execlp(const char* f, const char* arg, ...) noexcept {
-  HookScope h;
   RSOCK_EXECL_ARGV(arg)
   va_end(ap);
-  before_exec(h);
-  return h.pass(real().execvp(f, const_cast<char* const*>(argv)));
+  before_exec();
+  return real().execvp(f, const_cast<char* const*>(argv));
 }
 RSOCK_HOOK int execle(const char* p, const char* arg, ...) noexcept {
-  HookScope h;
   RSOCK_EXECL_ARGV(arg)
   char* const* env = va_arg(ap, char* const*);  // after the NULL
   va_end(ap);
-  before_exec(h);
-  return h.pass(real().execve(p, const_cast<char* const*>(argv), env));
+  before_exec();
+  return real().execve(p, const_cast<char* const*>(argv), env);
 }
 
 // Handlers go in through librsock's trampoline (socket/signals.h), so that

@@ -1,6 +1,7 @@
 #include "socket/process.h"
 
 #include <errno.h>  // program_invocation_short_name
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -27,9 +28,21 @@ config::Config* g_config = nullptr;
 
 }  // namespace
 
+namespace {
+std::atomic<pid_t> g_owner_pid{0};
+}  // namespace
+
+void note_state_owner() { g_owner_pid.store(getpid(), std::memory_order_relaxed); }
+
+bool in_vfork_child() {
+  pid_t owner = g_owner_pid.load(std::memory_order_relaxed);
+  return owner != 0 && getpid() != owner;
+}
+
 void init_process() {
   int expected = kNotLoaded;
   if (!g_state.compare_exchange_strong(expected, kLoading, std::memory_order_acq_rel)) return;
+  note_state_owner();
   g_config = new (g_storage) config::Config(config::load_for_process());
   signals_scan();  // handlers installed before we were loaded
   if (!g_config->passthrough && g_config->tunables.stats) {

@@ -19,4 +19,15 @@ const config::Config& process_config();
 // kernel untouched, as if librsock were not loaded.
 bool tracking_enabled();
 
+// Whether this is a vfork child (or a clone that ran no fork handlers): a
+// process that shares librsock's memory with the one it describes, its
+// parent, which is suspended until the child execs or exits. Such a child
+// has its own copy of the fd table, so its close/dup/exec must not touch
+// our state (Python's subprocess vforks, then closes every fd and dup2s its
+// pipes: without this the parent lost track of every socket). A getpid()
+// syscall: only the fd-lifetime and exec hooks ask.
+bool in_vfork_child();
+// The process librsock's state describes: set at init and in a fork child.
+void note_state_owner();
+
 }  // namespace rsock::socket

@@ -300,6 +300,41 @@ TEST_CASE("exec: bytes an exec'd child writes to an inherited upgraded connectio
   CHECK(memcmp(b, "parent", 6) == 0);
 }
 
+// Python's subprocess (and other spawners) vfork: the child shares the
+// parent's memory, closes every fd it does not pass on, dup2s its pipes and
+// execs. None of that is the parent's doing: its connections must go on
+// exactly as before (upgraded ones on RDMA), and its own fd numbers stay
+// what they were.
+TEST_CASE("fork: a vfork child that closes every fd, dup2s and execs leaves the parent's connections alone") {
+  Pair p = connected_pair();
+  int pfd[2];
+  REQUIRE(pipe(pfd) == 0);
+  pid_t pid = vfork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(pfd[1], 1);
+    close_range(3, ~0U, 0);
+    execl("/bin/true", "true", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(pfd[1]);
+  close(pfd[0]);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  if (expect_rdma()) {  // still tracked, still upgraded
+    CHECK(transport_of(p.client) == 2);
+    CHECK(transport_of(p.server) == 2);
+  }
+  REQUIRE(write_all(p.client, "after-vfork", 11) == 11);
+  char b[16];
+  REQUIRE(read_exact(p.server, b, 11) == 11);
+  CHECK(memcmp(b, "after-vfork", 11) == 0);
+  REQUIRE(write_all(p.server, "reply", 5) == 5);
+  REQUIRE(read_exact(p.client, b, 5) == 5);
+  CHECK(memcmp(b, "reply", 5) == 0);
+}
+
 // posix_spawn starts the new program without fork(), so only the exec hooks
 // can switch the upgraded connection back to TCP for it.
 TEST_CASE("exec: a posix_spawn'ed program talks over an inherited upgraded connection") {
