@@ -358,8 +358,9 @@ RSOCK_TX_HOOK(ssize_t, sendto,
               fd, TX1(b, n, f), sendto(fd, b, n, f, a, l))
 // fd passing: an upgraded socket sent with SCM_RIGHTS switches back to TCP
 // first (the reverse switch), so the receiving process gets a plain TCP
-// socket it can use, and may upgrade again. Only messages with ancillary
-// data pay for the look.
+// socket it can use, and may upgrade again; one still in its rendezvous
+// stays on TCP, one in the middle of its switch finishes it first
+// (Stream::give_away). Only messages with ancillary data pay for the look.
 static void hand_off_passed_fds(HookScope& h, const struct msghdr* m) {
   if (m == nullptr || m->msg_controllen == 0 || m->msg_control == nullptr) return;
   uint64_t deadline = 0;
@@ -373,13 +374,11 @@ static void hand_off_passed_fds(HookScope& h, const struct msghdr* m) {
       auto s = h.tracked(pfd);
       if (!s) continue;
       rsock::socket::Stream* st = s->stream();
-      if (st == nullptr || (st->phase() != rsock::socket::Phase::kRdma &&
-                            st->phase() != rsock::socket::Phase::kReverting))
-        continue;
+      if (st == nullptr || !st->governs()) continue;
       if (deadline == 0)
         deadline = rsock::now_ns() +
                    uint64_t{rsock::socket::process_config().tunables.upgrade_timeout_ms} * 1000000;
-      (void)st->hand_off(deadline);
+      (void)st->give_away(deadline);
     }
   }
 }

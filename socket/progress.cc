@@ -23,6 +23,7 @@
 #include <mutex>
 #include <vector>
 
+#include "socket/listen_share.h"
 #include "socket/process.h"
 #include "socket/rendezvous.h"
 #include "socket/stream.h"
@@ -97,17 +98,41 @@ bool is_loopback(const sockaddr* a) {
 // (socket == nullptr, closed_until_ns set): connections accepted just before
 // the close (a server that accepts once and closes its listener, a test
 // harness) still get their rendezvous answered.
+//
+// A side listener (side = true, socket == nullptr, tcp_port 0) is a fork
+// child's own rdma_cm listener on an ephemeral port, for the connections it
+// accepts on a listening socket it inherited (socket/listen_share.h); it
+// lives as long as the process.
 struct ListenerEntry {
   Socket* socket;
   uint16_t tcp_port;
   std::unique_ptr<transport::Listener> listener;
   sockaddr_storage addr{};       // the TCP listener's bound address
   uint64_t closed_until_ns = 0;  // 0 while the TCP listener is open
+  listen_share::Table* share = nullptr;  // shared with fork children (never unmapped)
+  bool side = false;
+};
+
+// A listening socket this fork child inherited: its rdma_cm listener is the
+// parent's, and `share` the table the two have in common.
+struct InheritedListener {
+  Socket* socket;
+  listen_share::Table* share;
+};
+
+// A connection this child accepted on an inherited listener and published
+// in the share, until its request arrives or it stops waiting.
+struct ShareClaim {
+  Stream* stream;
+  listen_share::Table* share;
+  int slot;
 };
 
 struct PendingRequest {
   transport::IncomingRequest req;
   uint64_t expires_ns;
+  transport::Listener* via;       // the listener it arrived on
+  listen_share::Table* share;     // that listener's share, if any
 };
 
 struct NegativeEntry {
@@ -128,6 +153,10 @@ struct Registry {
   std::vector<Stream*> streams;       // governing or lingering streams
   std::vector<Socket*> stream_owner;  // parallel: owning socket, nullptr once orphaned
   std::vector<ListenerEntry> listeners;
+  // In a fork child: listening sockets whose rdma_cm listener stayed with
+  // the parent.
+  std::vector<InheritedListener> inherited_listeners;
+  std::vector<ShareClaim> claims;
   std::vector<PendingRequest> requests;
   std::vector<Watch> watches;
   int epfd = -1, cmd_fd = -1;
@@ -148,6 +177,8 @@ Registry* reg() {
 #define g_stream_owner (reg()->stream_owner)
 #define g_listeners (reg()->listeners)
 #define g_requests (reg()->requests)
+#define g_inherited_listeners (reg()->inherited_listeners)
+#define g_claims (reg()->claims)
 #define g_watches (reg()->watches)
 #define g_epfd (reg()->epfd)
 #define g_cmd_fd (reg()->cmd_fd)
@@ -194,12 +225,33 @@ bool ensure_thread() {
   return true;
 }
 
-// Under g_mu: pairs a connect request with an accepted, pending server stream.
-bool try_match(transport::IncomingRequest& req) {
+// Under g_mu: the claim of `st` (if any) is done with.
+void drop_claim(Stream* st) {
+  for (size_t i = 0; i < g_claims.size(); i++) {
+    if (g_claims[i].stream != st) continue;
+    listen_share::clear(g_claims[i].share, g_claims[i].slot);
+    g_claims.erase(g_claims.begin() + long(i));
+    return;
+  }
+}
+
+// Under g_mu: the entry of the listener `l` (it may be gone: nullptr).
+ListenerEntry* entry_of(const transport::Listener* l) {
+  for (auto& e : g_listeners)
+    if (e.listener.get() == l) return &e;
+  return nullptr;
+}
+
+// Under g_mu: pairs a connect request, which arrived on `via`, with an
+// accepted, pending server stream.
+bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
   wire::RendezvousRequest rq{};
   auto pl = req.payload();
   if (pl.size() < sizeof rq) return false;
   std::memcpy(&rq, pl.data(), sizeof rq);
+  ListenerEntry* l = entry_of(via);
+  // A listener serves its own TCP port; a side listener any the child accepted on.
+  if (l == nullptr || (!l->side && l->tcp_port != ntohs(rq.server_port))) return false;
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
     if (st->client() || st->phase() != Phase::kPending || st->progress_fd() >= 0) continue;
@@ -211,34 +263,45 @@ bool try_match(transport::IncomingRequest& req) {
       continue;
     // The rdma_cm peer must be the TCP peer's host.
     if (!same_ip(req.peer_addr(), reinterpret_cast<const sockaddr*>(&peer))) continue;
-    // Server listeners are looked up by the same table under g_mu.
-    for (auto& l : g_listeners) {
-      uint16_t rport = static_cast<uint16_t>(l.tcp_port + process_config().tunables.port_offset);
-      if (l.listener && l.listener->port() == rport && l.tcp_port == ntohs(rq.server_port)) {
-        const uint8_t version = wire::negotiate(rq);
-        wire::RendezvousReply rep{wire::kRendezvousMagic, version, {}, st->cookie()};
-        auto c = l.listener->accept(std::move(req), std::as_bytes(std::span(&rep, 1)));
-        if (!c) {
-          // Rejected with kNoResources. This connection stays on TCP now,
-          // rather than wait out upgrade_timeout_ms for a retry never coming.
-          stats::count_handshake_error();
-          int e = c.error();
-          if (e == ENOBUFS) warn_memlock();
-          // A failed rdma_accept (EINVAL, ECONNRESET...) means the client's
-          // request went away meanwhile (its program closed the socket).
-          bool ours = e == ENOMEM || e == EMFILE || e == ENFILE || e == EAGAIN || e == ENODEV;
-          st->fall_back(e == ENOBUFS ? stats::FallbackReason::kMemlock
-                        : ours       ? stats::FallbackReason::kNoResources
-                                     : stats::FallbackReason::kPeerClosed);
-          return true;  // request consumed
-        }
-        st->attach_accepted(std::move(*c), rq.cookie, version);
-        poke();
-        return true;
-      }
+    drop_claim(st);
+    const uint8_t version = wire::negotiate(rq);
+    wire::RendezvousReply rep{wire::kRendezvousMagic, version, {}, st->cookie()};
+    auto c = l->listener->accept(std::move(req), std::as_bytes(std::span(&rep, 1)));
+    if (!c) {
+      // Rejected with kNoResources. This connection stays on TCP now,
+      // rather than wait out upgrade_timeout_ms for a retry never coming.
+      stats::count_handshake_error();
+      int e = c.error();
+      if (e == ENOBUFS) warn_memlock();
+      // A failed rdma_accept (EINVAL, ECONNRESET...) means the client's
+      // request went away meanwhile (its program closed the socket).
+      bool ours = e == ENOMEM || e == EMFILE || e == ENFILE || e == EAGAIN || e == ENODEV;
+      st->fall_back(e == ENOBUFS ? stats::FallbackReason::kMemlock
+                    : ours       ? stats::FallbackReason::kNoResources
+                                 : stats::FallbackReason::kPeerClosed);
+      return true;  // request consumed
     }
+    st->attach_accepted(std::move(*c), rq.cookie, version);
+    poke();
+    return true;
   }
   return false;
+}
+
+// Under g_mu: a request none of our streams matches may be for a connection
+// a fork child accepted on the shared listening socket: redirect it there.
+bool try_redirect(transport::IncomingRequest& req, transport::Listener* via,
+                  listen_share::Table* share, uint64_t now) {
+  if (share == nullptr) return false;
+  wire::RendezvousRequest rq{};
+  auto pl = req.payload();
+  if (pl.size() < sizeof rq) return false;
+  std::memcpy(&rq, pl.data(), sizeof rq);
+  if ((rq.max_version ? rq.max_version : rq.version) < wire::kRedirectVersion) return false;
+  uint16_t port = listen_share::lookup(share, req.peer_addr(), rq.client_port, rq.server_port, now);
+  if (port == 0) return false;
+  via->redirect(std::move(req), port);
+  return true;
 }
 
 void service_listeners(uint64_t now) {
@@ -262,16 +325,19 @@ void service_listeners(uint64_t now) {
       // It may arrive before the application accepts the TCP connection;
       // unless we are out of fds, when its connection cannot have a stream:
       // "no resources" keeps the client from blaming (caching) this peer.
-      if (try_match(*r)) continue;
+      if (try_match(*r, l.listener.get())) continue;
+      if (try_redirect(*r, l.listener.get(), l.share, now)) continue;
       if (!sys::owned_fd_room(kFdsPerStream)) {
         l.listener->reject(std::move(*r), transport::RejectReason::kNoResources);
         continue;
       }
-      g_requests.push_back({std::move(*r), now + ttl});
+      g_requests.push_back({std::move(*r), now + ttl, l.listener.get(), l.share});
     }
   }
   for (size_t i = 0; i < g_requests.size();) {
-    if (!g_requests[i].req.valid() || try_match(g_requests[i].req)) {
+    auto& pr = g_requests[i];
+    if (!pr.req.valid() || try_match(pr.req, pr.via) ||
+        try_redirect(pr.req, pr.via, pr.share, now)) {
       g_requests.erase(g_requests.begin() + long(i));
     } else if (now > g_requests[i].expires_ns) {
       // Unknown connection: dropping the request rejects it (kRefused).
@@ -304,6 +370,9 @@ void idle_tcp_event(int fd) {
 
 // Under g_mu.
 void drop_listener(size_t i) {
+  // Requests held for it go first (they belong to its channel).
+  std::erase_if(g_requests,
+                [&](const PendingRequest& r) { return r.via == g_listeners[i].listener.get(); });
   sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, g_listeners[i].listener->fd(), nullptr);
   g_listeners.erase(g_listeners.begin() + long(i));
 }
@@ -332,6 +401,7 @@ void* thread_main(void*) {
           if (st->linger_done()) {
             if (st->tcp_watched && st->tcp_fd() >= 0)
               sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, st->tcp_fd(), nullptr);
+            drop_claim(st);
             delete st;
             g_streams.erase(g_streams.begin() + long(i));
             g_stream_owner.erase(g_stream_owner.begin() + long(i));
@@ -341,6 +411,7 @@ void* thread_main(void*) {
         } else {
           if (st->take_start_request()) st->start_client();
           Phase p = st->phase();
+          if (p != Phase::kPending && !g_claims.empty()) drop_claim(st);
           if (p == Phase::kRdma && !st->tcp_watched) watch_idle_tcp(st, EPOLL_CTL_ADD);
           if (p == Phase::kPending || p == Phase::kSwitching || p == Phase::kReverting) busy = true;
           // An upgraded stream needs the thread only for its keepalive (its
@@ -392,11 +463,6 @@ void* thread_main(void*) {
   }
   return nullptr;
 }
-
-// Set in a fork child whose parent had opened the RDMA devices through
-// librdmacm (transport::device_contexts_open): those contexts are unusable
-// here and librdmacm keeps them, so nothing in this process can upgrade.
-std::atomic<bool> g_verbs_inherited{false};
 
 bool eligible(config::Direction dir, const sockaddr* addr) {
   if (!rdma_available() || is_loopback(addr)) return false;
@@ -477,10 +543,6 @@ void negative_cache_add(const sockaddr_storage& peer) {
 
 Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
   if (s->stream() || !eligible(config::Direction::kClient, peer_addr)) return nullptr;
-  if (g_verbs_inherited.load(std::memory_order_relaxed)) {
-    stats::set_fallback(s->slot(), stats::FallbackReason::kForked);
-    return nullptr;
-  }
   sockaddr_storage local{}, peer{};
   socklen_t ll = sizeof local;
   if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return nullptr;
@@ -513,12 +575,55 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
   return st;
 }
 
+namespace {
+// Under g_mu: this fork child's own rdma_cm listener on the address of
+// `local`, on a port the kernel picks (created on first use); its port, or
+// 0 if it cannot have one.
+uint16_t side_listener_port(const sockaddr_storage& local) {
+  for (auto& e : g_listeners)
+    if (e.side && same_ip(reinterpret_cast<const sockaddr*>(&e.addr),
+                          reinterpret_cast<const sockaddr*>(&local)))
+      return e.listener->port();
+  sockaddr_storage raddr = cm_address(local);
+  reinterpret_cast<sockaddr_in*>(&raddr)->sin_port = 0;
+  auto l = transport::Listener::listen(reinterpret_cast<sockaddr*>(&raddr),
+                                       process_config().tunables, 1024, false);
+  if (!l) {
+    LOG_INFO("no rdma_cm listener of our own for an inherited listening socket (%s): its "
+             "connections stay on TCP", strerror(l.error()));
+    return 0;
+  }
+  if (!ensure_thread()) return 0;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = (*l)->fd();
+  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
+  uint16_t port = (*l)->port();
+  ListenerEntry e{nullptr, 0, std::move(*l), local, 0};
+  e.side = true;
+  g_listeners.push_back(std::move(e));
+  return port;
+}
+}  // namespace
+
 Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
+  // Set when `listener` was inherited from the process that owns its
+  // rdma_cm listener: the table through which that process redirects.
+  listen_share::Table* share = nullptr;
   {
     std::lock_guard lk(g_mu);
     bool has = std::any_of(g_listeners.begin(), g_listeners.end(),
                            [&](const ListenerEntry& e) { return e.socket == listener && e.listener; });
-    if (!has) return nullptr;
+    if (!has) {
+      auto it = std::find_if(g_inherited_listeners.begin(), g_inherited_listeners.end(),
+                             [&](const InheritedListener& i) { return i.socket == listener; });
+      if (it == g_inherited_listeners.end()) return nullptr;
+      if (it->share == nullptr) {
+        stats::set_fallback(s->slot(), stats::FallbackReason::kForked);
+        return nullptr;
+      }
+      share = it->share;
+    }
   }
   sockaddr_storage local{}, peer{};
   socklen_t ll = sizeof local, pl = sizeof peer;
@@ -526,19 +631,34 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
       sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
     return nullptr;
   if (!eligible(config::Direction::kServer, reinterpret_cast<sockaddr*>(&local))) return nullptr;
-  if (g_verbs_inherited.load(std::memory_order_relaxed)) {
-    stats::set_fallback(s->slot(), stats::FallbackReason::kForked);
-    return nullptr;
-  }
   if (io_uring_started()) {  // the client's request is rejected: no stream matches it
     stats::set_fallback(s->slot(), stats::FallbackReason::kIoUring);
     return nullptr;
   }
   if (!fd_room(s)) return nullptr;  // its request is rejected with kNoResources
+  uint16_t side_port = 0;
+  if (share) {
+    std::lock_guard lk(g_mu);
+    side_port = side_listener_port(local);
+    if (side_port == 0) {
+      stats::set_fallback(s->slot(), stats::FallbackReason::kForked);
+      return nullptr;
+    }
+  }
   Stream* st = new_stream(s, fd, false, local, peer);
   if (!st) return nullptr;
   s->set_stream(st);
   std::lock_guard lk(g_mu);
+  if (share) {
+    // The owner of the listener redirects the client's request to us.
+    uint64_t ttl = uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+    int slot = listen_share::publish(share, reinterpret_cast<const sockaddr*>(&peer),
+                                     reinterpret_cast<const sockaddr_in*>(&peer)->sin_port,
+                                     reinterpret_cast<const sockaddr_in*>(&local)->sin_port,
+                                     side_port, now_ns(), ttl);
+    if (slot < 0) st->fall_back(stats::FallbackReason::kNoResources);  // table full
+    else g_claims.push_back({st, share, slot});
+  }
   poke();  // a request may already be waiting for this connection
   return st;
 }
@@ -548,7 +668,6 @@ void listener_started(Socket* s, int fd) {
   socklen_t ll = sizeof local;
   if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return;
   auto* la = reinterpret_cast<sockaddr*>(&local);
-  if (g_verbs_inherited.load(std::memory_order_relaxed)) return;
   if (!rdma_available() || process_config().decide(config::Direction::kServer, la) !=
                                config::Action::kRdma)
     return;
@@ -591,12 +710,15 @@ void listener_started(Socket* s, int fd) {
   ev.events = EPOLLIN;
   ev.data.fd = (*l)->fd();
   sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
-  g_listeners.push_back({s, port, std::move(*l), local, 0});
+  // The share goes to fork children with the listening socket (preforked
+  // workers): through it they get the requests of connections they accept.
+  g_listeners.push_back({s, port, std::move(*l), local, 0, listen_share::create()});
 }
 
 void socket_released(Socket* s) {
   Stream* st = s->stream();
   std::lock_guard lk(g_mu);
+  std::erase_if(g_inherited_listeners, [&](const InheritedListener& i) { return i.socket == s; });
   for (auto& e : g_listeners) {
     if (e.socket == s) {
       e.socket = nullptr;
@@ -708,6 +830,29 @@ void fall_back_pending(stats::FallbackReason why) {
   for (size_t i = 0; i < g_streams.size(); i++)
     if (g_stream_owner[i]) g_streams[i]->fall_back(why);  // acts on pending ones only
 }
+
+// Under g_mu, at fork and exec: switches in flight (kSwitching: neither
+// pending, which falls back, nor on RDMA, which is handed off) are driven to
+// their end by this thread, every one at once: the progress thread waits
+// for g_mu, and both ends of a connection may be in this process. Bounded
+// by upgrade_timeout_ms; one still switching then is left as it is.
+void settle_switches() {
+  uint64_t deadline = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+  for (;;) {
+    bool any = false;
+    for (Stream* st : g_streams) {
+      if (st->phase() != Phase::kSwitching) continue;
+      st->advance(true);
+      any = any || st->phase() == Phase::kSwitching;
+    }
+    if (!any) return;
+    if (now_ns() > deadline) {
+      LOG_WARN("a connection's switch to RDMA did not finish before fork/exec");
+      return;
+    }
+    sys::libc.poll(nullptr, 0, 1);
+  }
+}
 }  // namespace
 
 void progress_before_fork() {
@@ -716,6 +861,7 @@ void progress_before_fork() {
   // while both own the TCP stream, so those stay on TCP, in both processes.
   g_mu.lock();
   fall_back_pending(stats::FallbackReason::kForked);
+  settle_switches();
   // An upgraded connection's state (verbs objects, unread bytes) cannot be
   // shared with the child: switch each back to TCP first, so that whichever
   // process goes on using it has a plain TCP socket. Lingering ones stay
@@ -726,6 +872,7 @@ void progress_before_fork() {
 void progress_before_exec() {
   std::lock_guard lk(g_mu);
   fall_back_pending(stats::FallbackReason::kHandedOff);
+  settle_switches();
   hand_off_streams(true, false);  // lingering ones would die with the image
 }
 
@@ -755,15 +902,28 @@ void progress_io_uring_started() {
 void progress_after_fork_parent() { g_mu.unlock(); }
 
 void progress_after_fork_child() {
-  // The child has no progress thread and must not touch the parent's RDMA
-  // resources (verbs objects do not survive fork). Leak the parent's
-  // registries (and their lock, held since progress_before_fork) unseen and
-  // detach every stream the child inherited.
+  // The child must not touch the parent's RDMA resources: the parent's
+  // registries (and their lock, held since progress_before_fork) are leaked
+  // unseen, every stream the child inherited is detached, and the parent's
+  // rdma_cm channels are closed here (the parent's copies keep them alive;
+  // were the child to keep them, a parent that exits would leave its
+  // listener bound and unread for as long as the child lives). Verbs
+  // contexts are the child's own from its first connection on
+  // (transport/fds.h), so its new connections upgrade like anyone's; its
+  // rdma_cm listener is whatever it listen()s on itself.
   transport::cm_hub::after_fork_child();
-  if (transport::device_contexts_open()) g_verbs_inherited.store(true, std::memory_order_relaxed);
+  transport::contexts_after_fork_child();
   Registry* old = g_reg_ptr.load();
-  g_reg_ptr.store(new Registry());
+  Registry* fresh = new Registry();
+  g_reg_ptr.store(fresh);
   if (!old) return;
+  for (auto& e : old->listeners) {
+    if (e.listener) e.listener.release()->abandon_after_fork();
+    if (e.socket) fresh->inherited_listeners.push_back({e.socket, e.share});
+  }
+  fresh->inherited_listeners.insert(fresh->inherited_listeners.end(),
+                                    old->inherited_listeners.begin(),
+                                    old->inherited_listeners.end());
   for (size_t i = 0; i < old->streams.size(); i++)
     if (old->stream_owner[i]) old->streams[i]->detach_after_fork();
 }

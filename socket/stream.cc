@@ -124,6 +124,13 @@ void Stream::set_phase(Phase p) {
 void Stream::start_client() {
   std::lock_guard lk(mu_);
   if (phase() != Phase::kPending || orphaned_) return;  // fell back (fork) or closed meanwhile
+  uint16_t port = ntohs(reinterpret_cast<const sockaddr_in*>(&peer_)->sin_port);  // same offset in v6
+  connect_locked(static_cast<uint16_t>(port + process_config().tunables.port_offset));
+}
+
+// Under mu_: the rendezvous request to rdma_cm port `rport` of the TCP peer's
+// address (the listener's, or where its redirect pointed).
+void Stream::connect_locked(uint16_t rport) {
   wire::RendezvousRequest req{};
   req.magic = wire::kRendezvousMagic;
   req.version = wire::kRendezvousMinVersion;
@@ -132,8 +139,6 @@ void Stream::start_client() {
   req.server_port = reinterpret_cast<const sockaddr_in*>(&peer_)->sin_port;
   req.cookie = my_cookie_;
   sockaddr_storage dst = cm_address(peer_);
-  uint16_t port = ntohs(req.server_port);
-  uint16_t rport = static_cast<uint16_t>(port + process_config().tunables.port_offset);
   reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(rport);
   // Bind the rdma_cm source to the TCP source address: the server checks that
   // both come from the same IP.
@@ -448,6 +453,29 @@ bool Stream::hand_off(uint64_t deadline_ns, stats::FallbackReason why) {
   return ok;
 }
 
+void Stream::settle_switch(uint64_t deadline_ns) {
+  std::unique_lock lk(mu_);
+  bool changed = false;
+  while (phase() == Phase::kSwitching && now_ns() < deadline_ns) {
+    changed = advance_locked(true) || changed;
+    if (phase() != Phase::kSwitching) break;
+    lk.unlock();
+    sys::libc.poll(nullptr, 0, 1);  // the peer's READY or marker is a round trip away
+    lk.lock();
+  }
+  if (changed) gen_.fetch_add(1, std::memory_order_acq_rel);
+  lk.unlock();
+  if (changed) wake();
+}
+
+bool Stream::give_away(uint64_t deadline_ns) {
+  fall_back(stats::FallbackReason::kHandedOff);  // acts on a pending upgrade only
+  settle_switch(deadline_ns);
+  Phase p = phase();
+  if (p != Phase::kRdma && p != Phase::kReverting) return true;
+  return hand_off(deadline_ns);
+}
+
 bool Stream::advance(bool block) {
   if (block) {
     mu_.lock();
@@ -512,6 +540,18 @@ bool Stream::advance_locked(bool full) {
   const auto before_sw = switch_state();
   auto st = full || p != Phase::kRdma ? conn_->progress() : conn_->poll_completions();
   if (!st) {
+    if (p == Phase::kPending && client_ && !redirected_ &&
+        conn_->reject_reason() == transport::RejectReason::kRedirect && conn_->redirect_port()) {
+      // The listener's process did not accept this connection; one that
+      // inherited the listening socket did, and listens on this port
+      // (socket/listen_share.h). Once only.
+      redirected_ = true;
+      uint16_t port = conn_->redirect_port();
+      conn_.reset();
+      LOG_DEBUG("fd %d: rendezvous redirected to rdma_cm port %u", tcp_fd_, port);
+      connect_locked(port);
+      return true;
+    }
     if (p == Phase::kPending) {
       auto [reason, cache] = setup_fallback(*conn_);
       uint8_t peer_reason = static_cast<uint8_t>(conn_->reject_reason());

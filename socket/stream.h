@@ -152,6 +152,16 @@ class Stream {
   // stream is still bound to this process's RDMA state (the caller decides).
   bool hand_off(uint64_t deadline_ns,
                 stats::FallbackReason why = stats::FallbackReason::kHandedOff);
+  // A switch in flight (kSwitching) is driven to its end, RDMA or TCP, by
+  // this thread, until deadline_ns: whoever hands a connection to another
+  // process must see a settled phase first. (Fork and exec drive every
+  // switching stream at once instead: both ends may be in this process and
+  // the progress thread is held off then; progress.cc.)
+  void settle_switch(uint64_t deadline_ns);
+  // Before the socket is sent to another process (SCM_RIGHTS): a pending
+  // upgrade stays on TCP, a switch in flight is settled, and a connection
+  // on RDMA is handed off (hand_off). Bounded by deadline_ns.
+  bool give_away(uint64_t deadline_ns);
   // The nonblocking first half of hand_off(). at_exit: the process is
   // exiting (no fallback counted, logged at debug level only).
   void start_hand_off(bool at_exit = false,
@@ -211,6 +221,7 @@ class Stream {
   // more); the data path's attempts only poll completions (no syscall).
   bool advance_locked(bool full = true);
   void advance_inline(bool full);  // advance_locked() + wake sleepers if needed
+  void connect_locked(uint16_t rport);
   void enter_switching();
   void rdma_failed_during_switch();
   void revert_to_tcp(stats::FallbackReason reason, const char* why);
@@ -261,6 +272,7 @@ class Stream {
   uint8_t version_ = 0;  // the rendezvous version both ends speak (wire::negotiate)
   uint64_t deadline_ns_ = 0;
   uint64_t born_ns_ = 0;  // for the rendezvous timeline in debug logs
+  bool redirected_ = false;  // the client followed a listener's redirect
   std::unique_ptr<transport::Connection> conn_;
   int err_ = 0;
   bool err_reported_ = false;  // err_ went to the application once

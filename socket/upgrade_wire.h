@@ -6,7 +6,7 @@
 //    Request (client -> server, 24 bytes)     Reply (server -> client, 16 bytes)
 //    +0  u32 magic 'RSUP' (0x50555352)        +0  u32 magic 'RSUP'
 //    +4  u8  version: lowest spoken (1)       +4  u8  version: the one chosen
-//    +5  u8  max_version (2; 0 = version)     +5  u8  reserved[3]
+//    +5  u8  max_version (3; 0 = version)     +5  u8  reserved[3]
 //    +6  u16 client TCP port (network order)  +8  u64 server cookie
 //    +8  u16 server TCP port (network order)
 //    +10 u8  reserved[6]
@@ -20,7 +20,10 @@
 //    speak (min(max_version, its own highest), if >= both lowest) and says
 //    it in the reply. 0.1.0 sends version 1 with max_version 0 and checks
 //    that the reply says 1, so it interoperates with later releases.
-//    Version 2 adds the reverse switch (section 4).
+//    Version 2 adds the reverse switch (section 4). Version 3 clients follow
+//    a redirect (transport reject reason 7 naming another rdma_cm port:
+//    send the same request there; socket/listen_share.h); a server
+//    redirects only requests whose max_version is >= 3.
 //
 // 2. Switch, per direction, sender X -> receiver Y (app control messages over
 //    the RDMA connection, ordered with its data):
@@ -41,9 +44,10 @@
 namespace rsock::socket::wire {
 
 inline constexpr uint32_t kRendezvousMagic = 0x50555352;  // "RSUP"
-inline constexpr uint8_t kRendezvousVersion = 2;     // the highest we speak
+inline constexpr uint8_t kRendezvousVersion = 3;     // the highest we speak
 inline constexpr uint8_t kRendezvousMinVersion = 1;  // the lowest we speak
 inline constexpr uint8_t kRevertVersion = 2;         // the first with the reverse switch
+inline constexpr uint8_t kRedirectVersion = 3;       // the first that follows a redirect
 inline constexpr uint64_t kMarkerMagic = 0x31575348434f5352ull;  // "RSOCKSW1" little-endian
 
 struct RendezvousRequest {

@@ -139,8 +139,9 @@ Status<std::unique_ptr<Connection>> Connection::connect(const sockaddr* dst, con
 // connection's QP, so a peer can write into its own connection's ring and
 // nowhere else (docs/TRANSPORT.md, "Isolation").
 Status<void> Connection::create_resources() {
-  ibv_context* ctx = id_->verbs;
-  if (ctx == nullptr) return Err(ENODEV);
+  if (id_->verbs == nullptr) return Err(ENODEV);
+  ibv_context* ctx = own_context(id_->verbs->device);
+  if (ctx == nullptr) return Err(errno);
   pd_ = ibv_alloc_pd(ctx);
   if (pd_ == nullptr) return Err(errno ? errno : ENOMEM);
   comp_ch_ = ibv_create_comp_channel(ctx);
@@ -182,13 +183,16 @@ Status<void> Connection::create_resources() {
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
   qa.cap.max_inline_data = std::max<uint32_t>(tun_.inline_threshold, wire::kMaxControlBytes);
-  if (rdma_create_qp(id_, pd_, &qa) != 0) {
+  qp_ = ibv_create_qp(pd_, &qa);
+  if (qp_ == nullptr) {
     // Some devices cap inline data lower: retry without it (copies from the ring).
     qa.cap.max_inline_data = 0;
-    if (rdma_create_qp(id_, pd_, &qa) != 0) return Err(errno ? errno : ENOMEM);
+    qp_ = ibv_create_qp(pd_, &qa);
+    if (qp_ == nullptr) return Err(errno ? errno : ENOMEM);
   }
-  qp_created_ = true;
   max_inline_ = qa.cap.max_inline_data;
+  // Receives can be posted from INIT on.
+  if (auto s = qp_to(IBV_QPS_INIT); !s) return s;
 
   rx_.init(ring_bytes_, recv_slots_);
   sring_.init(ring_bytes_);
@@ -199,6 +203,25 @@ Status<void> Connection::create_resources() {
   uint8_t tmo = wire::kAckTimeoutExp;
   if (rdma_set_option(id_, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof tmo) != 0)
     LOG_WARN("transport: cannot set ACK timeout (errno %d); dead peers are noticed late", errno);
+  return Ok();
+}
+
+// rdma_cm computes the attributes of each transition (path, PSNs, MTU, the
+// ACK timeout set above); we apply them to our own QP.
+Status<void> Connection::qp_to(ibv_qp_state state) {
+  ibv_qp_attr a{};
+  int mask = 0;
+  a.qp_state = state;
+  if (rdma_init_qp_attr(id_, &a, &mask) != 0) {
+    LOG_DEBUG("transport: qp %u: rdma_init_qp_attr(state %d): errno %d", qp_->qp_num,
+              static_cast<int>(state), errno);
+    return Err(errno ? errno : EINVAL);
+  }
+  // ibv_modify_qp returns the error number itself.
+  if (int e = ibv_modify_qp(qp_, &a, mask); e != 0) {
+    LOG_DEBUG("transport: qp %u: ibv_modify_qp(state %d): %d", qp_->qp_num, static_cast<int>(state), e);
+    return Err(e);
+  }
   return Ok();
 }
 
@@ -241,6 +264,7 @@ Status<void> Connection::handle_cm_event(const rdma_cm_event& ev) {
       p.private_data_len = static_cast<uint8_t>(wire::kSetupHeaderBytes + my_payload_len_);
       p.retry_count = wire::kRetryCount;
       p.rnr_retry_count = wire::kRnrRetryCount;
+      p.qp_num = qp_->qp_num;
       if (rdma_connect(id_, &p) != 0) {
         fail(errno);
         break;
@@ -249,15 +273,40 @@ Status<void> Connection::handle_cm_event(const rdma_cm_event& ev) {
       deadline_ns_ = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;
       break;
     }
-    case RDMA_CM_EVENT_ESTABLISHED:
-      if (state_ == State::kConnecting) {
-        on_established(ev.param.conn.private_data, ev.param.conn.private_data_len);
-      } else if (state_ == State::kAccepting) {
-        on_established(nullptr, 0);
+    case RDMA_CM_EVENT_CONNECT_RESPONSE:
+      // Active side, our own QP: rdma_cm hands us the REP; the QP goes to
+      // RTR and RTS before rdma_establish sends the RTU.
+      if (state_ != State::kConnecting) break;
+      // INIT again first, as librdmacm does: before the connect rdma_cm
+      // knew no CM and gave default INIT attributes (no remote write access,
+      // which the peer's writes into our ring need); now it gives the real
+      // ones.
+      if (auto s = qp_to(IBV_QPS_INIT); !s) {
+        fail(s.error());
+        break;
       }
+      if (auto s = qp_to(IBV_QPS_RTR); !s) {
+        fail(s.error());
+        break;
+      }
+      if (auto s = qp_to(IBV_QPS_RTS); !s) {
+        fail(s.error());
+        break;
+      }
+      if (rdma_establish(id_) != 0) {
+        fail(errno ? errno : ECONNRESET);
+        break;
+      }
+      on_established(ev.param.conn.private_data, ev.param.conn.private_data_len);
+      break;
+    case RDMA_CM_EVENT_ESTABLISHED:
+      // Passive side: the RTU arrived (the QP is in RTS since the accept).
+      if (state_ == State::kAccepting) on_established(nullptr, 0);
       break;
     case RDMA_CM_EVENT_REJECTED:
       reject_reason_ = wire::parse_reject(ev.param.conn.private_data, ev.param.conn.private_data_len);
+      redirect_port_ = wire::parse_redirect_port(ev.param.conn.private_data,
+                                                 ev.param.conn.private_data_len);
       LOG_DEBUG("transport: connect rejected (cm status %d, reason %d)", ev.status,
                 static_cast<int>(reject_reason_));
       // A reject without our reason comes from the CM itself: nothing
@@ -336,9 +385,14 @@ void Connection::fail(int err) {
 }
 
 void Connection::disconnect() {
-  if (disconnect_sent_ || id_ == nullptr || !qp_created_) return;
+  if (disconnect_sent_ || id_ == nullptr || qp_ == nullptr) return;
   disconnect_sent_ = true;
-  rdma_disconnect(id_);  // moves the QP to error, sends DREQ; ignore "not connected"
+  // What rdma_disconnect does for a QP it created: error state first, so
+  // posted WRs flush; then the DREQ ("not connected" is ignored).
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  (void)ibv_modify_qp(qp_, &a, IBV_QP_STATE);
+  rdma_disconnect(id_);
 }
 
 Status<void> Connection::close() {
@@ -356,10 +410,10 @@ Status<void> Connection::close() {
 }
 
 Status<void> Connection::debug_break_silently() {
-  if (!qp_created_) return Err(ENOTCONN);
+  if (qp_ == nullptr) return Err(ENOTCONN);
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
-  if (ibv_modify_qp(id_->qp, &a, IBV_QP_STATE) != 0) return Err(errno);
+  if (int e = ibv_modify_qp(qp_, &a, IBV_QP_STATE); e != 0) return Err(e);
   disconnect_sent_ = true;  // flushes are expected now; never send a DREQ
   err_ = ECONNRESET;
   state_ = State::kError;
@@ -367,10 +421,10 @@ Status<void> Connection::debug_break_silently() {
 }
 
 Status<void> Connection::debug_stall_sends() {
-  if (!qp_created_) return Err(ENOTCONN);
+  if (qp_ == nullptr) return Err(ENOTCONN);
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_SQD;
-  if (ibv_modify_qp(id_->qp, &a, IBV_QP_STATE) != 0) return Err(errno);
+  if (int e = ibv_modify_qp(qp_, &a, IBV_QP_STATE); e != 0) return Err(e);
   return Ok();
 }
 
@@ -390,7 +444,7 @@ Status<void> Connection::debug_post(ibv_wr_opcode op, uint32_t imm, uint32_t len
   wr.wr.rdma.remote_addr = remote_addr;
   wr.wr.rdma.rkey = rkey;
   ibv_send_wr* bad;
-  if (ibv_post_send(id_->qp, &wr, &bad) != 0) return Err(errno);
+  if (ibv_post_send(qp_, &wr, &bad) != 0) return Err(errno);
   on_posted(true);
   return Ok();
 }
@@ -430,7 +484,7 @@ void Connection::abort() {
   fail(ECONNABORTED);
 }
 
-uint32_t Connection::qp_num() const { return qp_created_ && id_->qp ? id_->qp->qp_num : 0; }
+uint32_t Connection::qp_num() const { return qp_ ? qp_->qp_num : 0; }
 
 Status<void> Connection::progress() {
   if (cq_ != nullptr) {
@@ -553,9 +607,9 @@ Status<void> Connection::wait(short events, int timeout_ms) {
 }
 
 void Connection::destroy_resources() {
-  if (qp_created_) {
-    rdma_destroy_qp(id_);
-    qp_created_ = false;
+  if (qp_) {
+    ibv_destroy_qp(qp_);
+    qp_ = nullptr;
   }
   if (cq_) {
     ibv_destroy_cq(cq_);

@@ -110,6 +110,9 @@ class Connection {
   bool connecting() const { return state_ < State::kEstablished; }
   int error() const { return err_; }
   RejectReason reject_reason() const { return reject_reason_; }
+  // With reject_reason() kRedirect: the port (host order) to send the same
+  // request to.
+  uint16_t redirect_port() const { return redirect_port_; }
   // Why connection setup failed (kNone while it has not), for the socket
   // layer's fallback reason and its negative cache.
   enum class SetupFailure : uint8_t {
@@ -224,6 +227,7 @@ class Connection {
                   std::span<const std::byte> payload) const;
   Status<void> handle_cm_event(const rdma_cm_event& ev);
   void on_established(const void* pdata, size_t len);
+  Status<void> qp_to(ibv_qp_state state);
   void fail(int err);
   void disconnect();
   void check_timers(uint64_t now);
@@ -247,6 +251,7 @@ class Connection {
   State state_ = State::kIdle;
   int err_ = 0;
   RejectReason reject_reason_ = RejectReason::kNone;
+  uint16_t redirect_port_ = 0;
   SetupFailure setup_failure_ = SetupFailure::kNone;
   uint64_t pinned_bytes_ = 0;  // taken from the pinned-memory budget
 
@@ -255,7 +260,10 @@ class Connection {
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* comp_ch_ = nullptr;
   ibv_cq* cq_ = nullptr;
-  bool qp_created_ = false;
+  // Created with ibv_create_qp on our own context (transport/fds.h), not
+  // with rdma_create_qp: rdma_cm only carries its number, and qp_to() moves
+  // it through INIT, RTR and RTS with the attributes rdma_cm computes.
+  ibv_qp* qp_ = nullptr;
   bool disconnect_sent_ = false;
   bool cq_armed_ = false;
   ibv_mr* rx_mr_ = nullptr;    // receive ring: the only REMOTE_WRITE memory

@@ -58,7 +58,7 @@ bool Connection::post_recv(uint32_t slot) {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad;
-  return ibv_post_recv(id_->qp, &wr, &bad) == 0;
+  return ibv_post_recv(qp_, &wr, &bad) == 0;
 }
 
 // CREDIT and CONTROL messages are SEND_WITH_IMM from the per-SQ-slot buffer
@@ -119,7 +119,7 @@ bool Connection::post_credit() {
   wire::CreditBlock cb{rx_.tail_to_advertise(), static_cast<uint32_t>(rx_.slots_to_advertise()), 0};
   std::byte* buf = tx_mem_ + ring_bytes_ + (sq_seq_ % sq_depth_) * wire::kRecvBufBytes;
   bool sig = signal_next(false);
-  if (!post_small_send(id_->qp, tx_mr_, buf, &cb, sizeof cb, wire::make_imm(wire::Op::kCredit, 0),
+  if (!post_small_send(qp_, tx_mr_, buf, &cb, sizeof cb, wire::make_imm(wire::Op::kCredit, 0),
                        sring_.head(), max_inline_ >= sizeof cb, sig)) {
     fail(ECONNRESET);
     return false;
@@ -140,7 +140,7 @@ bool Connection::post_control(wire::ControlType type, const void* data, size_t l
   uint32_t imm = wire::make_imm(wire::Op::kControl, wire::control_value(type, uint32_t(len)));
   // FIN and CLOSE are signalled: the close waits for every WR to complete.
   bool sig = signal_next(type != wire::ControlType::kApp);
-  if (!post_small_send(id_->qp, tx_mr_, buf, data, len, imm, sring_.head(), max_inline_ >= len,
+  if (!post_small_send(qp_, tx_mr_, buf, data, len, imm, sring_.head(), max_inline_ >= len,
                        sig)) {
     fail(ECONNRESET);
     return false;
@@ -163,7 +163,7 @@ bool Connection::post_keepalive() {
   wr.wr.rdma.remote_addr = peer_.ring_addr;
   wr.wr.rdma.rkey = peer_.ring_rkey;
   ibv_send_wr* bad;
-  if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
+  if (ibv_post_send(qp_, &wr, &bad) != 0) {
     fail(ECONNRESET);
     return false;
   }
@@ -348,7 +348,7 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
     wr.wr.rdma.remote_addr = peer_.ring_addr + tx_.offset();
     wr.wr.rdma.rkey = peer_.ring_rkey;
     ibv_send_wr* bad;
-    if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
+    if (ibv_post_send(qp_, &wr, &bad) != 0) {
       fail(ECONNRESET);
       break;
     }

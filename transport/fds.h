@@ -22,10 +22,17 @@ inline void disown_channel(ibv_comp_channel* ch) { sys::disown_fd(ch->fd); }
 // rdma_cm will use (rdma_get_devices) and moves their command and async fds,
 // which stay open for the life of the process.
 void own_device_fds();
-// Whether own_device_fds() ran in this process (or in the parent of a fork
-// child): librdmacm then holds device contexts opened by that process, which
-// a fork child cannot use (the kernel refuses their commands from another
-// process), and librdmacm never opens them again.
-bool device_contexts_open();
 
+// The verbs context this process opened itself for `dev` (opened on first
+// use, its fds in the owned band); every PD, CQ, QP and MR of a Connection
+// lives on one, never on librdmacm's id->verbs. librdmacm opens its contexts
+// once per process and keeps them across fork, and the kernel refuses a fork
+// child's write() commands on them ("changed security contexts after opening
+// file descriptor"; rxe's post-send doorbell is one), while a context the
+// child opened itself works. nullptr with errno set on failure.
+ibv_context* own_context(ibv_device* dev);
+// In a fork child: forget the parent's contexts (unused from now on; their
+// fds stay open, closing them would tell the kernel nothing) so that
+// own_context() opens the child's own.
+void contexts_after_fork_child();
 }  // namespace rsock::transport

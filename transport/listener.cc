@@ -17,13 +17,15 @@
 namespace rsock::transport {
 
 namespace {
-void send_reject(rdma_cm_id* id, RejectReason reason) {
+void send_reject(rdma_cm_id* id, RejectReason reason, uint16_t port = 0) {
   wire::SetupBlock b{};
   b.magic = wire::kMagic;
   b.version = wire::kWireVersion;
   b.kind = static_cast<uint8_t>(wire::SetupKind::kReject);
   b.reason = static_cast<uint8_t>(reason);
-  rdma_reject(id, &b, static_cast<uint8_t>(wire::kRejectBytes));
+  b.ring_addr = port;
+  rdma_reject(id, &b,
+              static_cast<uint8_t>(port ? wire::kRedirectBytes : wire::kRejectBytes));
 }
 }  // namespace
 
@@ -86,6 +88,14 @@ Listener::~Listener() {
   }
 }
 
+void Listener::abandon_after_fork() {
+  if (ch_) {
+    disown_channel(ch_);
+    rdma_destroy_event_channel(ch_);  // closes the fd and frees the struct only
+    ch_ = nullptr;
+  }
+}
+
 int Listener::fd() const { return ch_->fd; }
 
 uint16_t Listener::port() const { return ntohs(rdma_get_src_port(id_)); }
@@ -120,6 +130,13 @@ Status<IncomingRequest> Listener::next_request() {
 void Listener::reject(IncomingRequest req, RejectReason reason) {
   if (req.id_ == nullptr) return;
   send_reject(req.id_, reason);
+  rdma_destroy_id(req.id_);
+  req.id_ = nullptr;
+}
+
+void Listener::redirect(IncomingRequest req, uint16_t port) {
+  if (req.id_ == nullptr) return;
+  send_reject(req.id_, RejectReason::kRedirect, port);
   rdma_destroy_id(req.id_);
   req.id_ = nullptr;
 }
@@ -163,6 +180,17 @@ Status<std::unique_ptr<Connection>> Listener::accept(IncomingRequest req,
   p.private_data_len = static_cast<uint8_t>(wire::kSetupHeaderBytes + payload.size());
   p.retry_count = wire::kRetryCount;
   p.rnr_retry_count = wire::kRnrRetryCount;
+  // Our own QP (Connection::qp_): RTR and RTS now, as librdmacm does for a
+  // QP it created. (RTS cannot wait for ESTABLISHED: a client that
+  // disconnects at once leaves the CM in a state that refuses the
+  // transition.) Nothing is sent before ESTABLISHED.
+  p.qp_num = c->qp_->qp_num;
+  for (ibv_qp_state st : {IBV_QPS_RTR, IBV_QPS_RTS}) {
+    if (auto r = c->qp_to(st); !r) {
+      send_reject(c->id_, RejectReason::kNoResources);
+      return Err(r.error());
+    }
+  }
   if (rdma_accept(c->id_, &p) != 0) return Err(errno);
   c->state_ = Connection::State::kAccepting;
   c->deadline_ns_ = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;

@@ -61,6 +61,12 @@ class Listener {
   // bytes). The returned Connection becomes established() via progress().
   Status<std::unique_ptr<Connection>> accept(IncomingRequest req, std::span<const std::byte> payload);
   void reject(IncomingRequest req, RejectReason reason);
+  // Rejects with kRedirect: the client sends the same request to `port`
+  // (host order) on the same address.
+  void redirect(IncomingRequest req, uint16_t port);
+  // In a fork child: close this process's copy of the parent's channel and
+  // leak the object (its ids are the parent's; the child never touches them).
+  void abandon_after_fork();
 
  private:
   Listener(const config::Tunables& tun) : tun_(tun) {}

@@ -22,7 +22,9 @@
 // IB and RoCE (the CM keeps 36 of the REQ's 92 bytes for its IP header), so
 // the ring descriptor always travels in the request and no extra message after
 // ESTABLISHED is needed. Only 24 + payload_len bytes are sent. A reject
-// carries the first 8 bytes (kind = 3, reason set).
+// carries the first 8 bytes (kind = 3, reason set); a redirect (reason 7)
+// carries 16, with the rdma_cm port to send the same request to in bytes
+// 8-9 (little-endian, the ring_addr field).
 //
 // Data phase. Each side owns a receive ring (one MR, the only memory the peer
 // may write) and a small array of 64-byte receive buffers. Every message that
@@ -59,6 +61,7 @@ inline constexpr uint8_t kWireVersion = 1;
 inline constexpr size_t kMaxPayload = 32;          // opaque setup payload
 inline constexpr size_t kSetupHeaderBytes = 24;    // SetupBlock without payload
 inline constexpr size_t kRejectBytes = 8;          // magic..reason
+inline constexpr size_t kRedirectBytes = 16;       // + the port, in the ring_addr field
 inline constexpr uint32_t kMinRingLog2 = 12;       // 4 KiB
 inline constexpr uint32_t kMaxRingLog2 = 28;       // 256 MiB: DATA length must fit 29 bits
 inline constexpr size_t kRecvBufBytes = 64;        // each receive WR's buffer
@@ -89,6 +92,7 @@ enum class RejectReason : uint8_t {
   kNoResources = 4,  // passive side could not allocate the connection
   kRefused = 5,      // the socket layer refused (reject(req, ...))
   kTimeout = 6,      // request not accepted in time
+  kRedirect = 7,     // send the same request to the port the reject names
 };
 
 struct SetupBlock {
@@ -171,6 +175,14 @@ inline RejectReason parse_reject(const void* data, size_t len) {
   if (b.magic != kMagic || b.kind != static_cast<uint8_t>(SetupKind::kReject))
     return RejectReason::kNone;
   return static_cast<RejectReason>(b.reason);
+}
+
+// The port a kRedirect reject names, 0 if none.
+inline uint16_t parse_redirect_port(const void* data, size_t len) {
+  SetupBlock b{};
+  if (parse_reject(data, len) != RejectReason::kRedirect || len < kRedirectBytes) return 0;
+  std::memcpy(&b, data, kRedirectBytes);
+  return static_cast<uint16_t>(b.ring_addr);
 }
 
 }  // namespace rsock::transport::wire

@@ -5,9 +5,11 @@
 # LD_PRELOAD): the server process and 12 concurrent client threads, each
 # sending 256 KiB of random bytes, half-closing and reading the echo to EOF.
 # Every byte must come back, in order, as without librsock. Connections
-# served by a forked child cannot upgrade there yet (the child cannot use the
-# RDMA devices its parent opened: fallback reason forked); the test asserts
-# correctness and prints the transports the clients saw.
+# served by a forked child do not upgrade there yet: the master accepted
+# them, their upgrade was pending (fallback reason forked) or done (switched
+# back at fork, handed_off), and a connection does not upgrade a second
+# time; the test asserts correctness and prints the transports the clients
+# saw.
 import os, socket, socketserver, sys, threading
 
 from rdma_env import skip_unless_rdma

@@ -190,6 +190,15 @@ TEST_CASE("transport wire: reject reason and immediates") {
   r.magic = 1;
   CHECK(w::parse_reject(&r, w::kRejectBytes) == w::RejectReason::kNone);
   CHECK(w::parse_reject(nullptr, 0) == w::RejectReason::kNone);
+  // A redirect names a port in the ring_addr field; a short one names none.
+  r.magic = w::kMagic;
+  r.reason = static_cast<uint8_t>(w::RejectReason::kRedirect);
+  r.ring_addr = 20123;
+  CHECK(w::parse_reject(&r, w::kRedirectBytes) == w::RejectReason::kRedirect);
+  CHECK(w::parse_redirect_port(&r, w::kRedirectBytes) == 20123);
+  CHECK(w::parse_redirect_port(&r, w::kRejectBytes) == 0);
+  r.reason = static_cast<uint8_t>(w::RejectReason::kRefused);
+  CHECK(w::parse_redirect_port(&r, w::kRedirectBytes) == 0);
 
   uint32_t imm = w::make_imm(w::Op::kData, 1u << 28);
   CHECK(w::imm_op(imm) == 0);

@@ -18,16 +18,19 @@ w::RendezvousRequest req(uint8_t lo, uint8_t hi) {
 }  // namespace
 
 TEST_CASE("rendezvous: versions are negotiated") {
-  static_assert(w::kRendezvousMinVersion == 1 && w::kRendezvousVersion == 2);
-  // This release talking to itself: the reverse switch is on.
-  CHECK(w::negotiate(req(w::kRendezvousMinVersion, w::kRendezvousVersion)) == 2);
+  static_assert(w::kRendezvousMinVersion == 1 && w::kRendezvousVersion == 3);
+  // This release talking to itself: the reverse switch and redirects are on.
+  CHECK(w::negotiate(req(w::kRendezvousMinVersion, w::kRendezvousVersion)) == 3);
+  // A release of version 2 (the reverse switch, no redirect).
+  CHECK(w::negotiate(req(1, 2)) == 2);
   // A 0.1.0 client: version 1, max_version 0 (its reserved byte).
   CHECK(w::negotiate(req(1, 0)) == 1);
   // A later client that still speaks 1..5: we answer with our highest.
-  CHECK(w::negotiate(req(1, 5)) == 2);
+  CHECK(w::negotiate(req(1, 5)) == 3);
   // A later client that dropped what we speak: no common version.
-  CHECK(w::negotiate(req(3, 5)) == 0);
+  CHECK(w::negotiate(req(4, 5)) == 0);
   CHECK(w::negotiate(req(0, 0)) == 0);
   CHECK(w::negotiate(req(2, 1)) == 0);  // nonsense range
   CHECK(w::kRevertVersion == 2);
+  CHECK(w::kRedirectVersion == 3);
 }

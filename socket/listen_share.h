@@ -1,0 +1,45 @@
+// A listening socket shared by the processes a fork made (preforked workers).
+//
+// The rdma_cm listener, and with it every client's rendezvous request, stays
+// with the process that called listen() (the owner), while any process that
+// inherited the socket may accept its TCP connections. So the owner and its
+// fork children share one table, in MAP_SHARED anonymous memory that the
+// owner maps together with its rdma_cm listener and fork passes on:
+// - a child that accepts a connection publishes it (client IP and port,
+//   server port) with the port of the rdma_cm listener it opened for itself
+//   (its "side" listener);
+// - the owner, holding a request none of its own sockets matches, finds the
+//   connection there and answers with a redirect to that port (transport
+//   RejectReason::kRedirect);
+// - the client sends the same request there, and the child accepts it.
+// docs/DESIGN.md, "fork".
+//
+// Slots are seqlocked (a generation and a phase in one word) so that the
+// owner never reads a half-written entry; every field is an atomic, shared
+// between processes through the mapping.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstdint>
+
+namespace rsock::socket::listen_share {
+
+struct Table;
+
+// A new, empty table (nullptr without memory). Never unmapped: children may
+// still use it after the owner closed its listener.
+Table* create();
+// A child that accepted: publishes the connection for ttl_ns from now_ns
+// (CLOCK_MONOTONIC, the same in every process). Ports in network order,
+// side_port in host order. The slot number, or -1 if the table is full.
+int publish(Table* t, const sockaddr* client, uint16_t client_port, uint16_t server_port,
+            uint16_t side_port, uint64_t now_ns, uint64_t ttl_ns);
+// The child's request arrived (or its connection stays on TCP).
+void clear(Table* t, int slot);
+// The owner: the side port published for this connection by another
+// process, 0 if none (or expired).
+uint16_t lookup(const Table* t, const sockaddr* client, uint16_t client_port,
+                uint16_t server_port, uint64_t now_ns);
+
+}  // namespace rsock::socket::listen_share

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+# prefork.py ADDR -- issue 12 item 1: a preforking server, unmodified in
+# shape: a master listens, forks WORKERS workers that accept on the listening
+# socket they inherited, and then only sleeps (signal.pause: sigsuspend).
+# Run preloaded in the RDMA VM (ctest sets LD_PRELOAD). The test process is
+# the client: CONNS concurrent connections, each sending 256 KiB of random
+# bytes (after a pause past the first 64 KiB, so that the upgrade lands
+# mid-stream), half-closing and reading the echo to EOF.
+#
+# Asserted: every byte comes back in order; every connection was on RDMA
+# (SOL_RSOCK transport 2) at some point, although the process holding the
+# rdma_cm listener (the master) accepts none of them; more than one worker
+# served connections; and the kernel's `rdma resource show qp`, sampled
+# while the transfers run, lists RC QPs in RTS owned by the workers (by
+# thread group) and none owned by the master.
+import os, signal, socket, subprocess, sys, threading, time
+
+from rdma_env import skip_unless_rdma
+
+ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
+skip_unless_rdma(ADDR)
+SOL_RSOCK, RSOCK_TRANSPORT = 0x5253, 1
+WORKERS, CONNS, N = 3, 12, 256 * 1024
+tag = "/tmp/prefork-test.%d" % os.getpid()
+
+
+def worker(srv):
+    def serve(c):
+        with c:
+            while True:
+                b = c.recv(65536)
+                if not b:
+                    break
+                c.sendall(b)
+        with open("%s.served.%d" % (tag, os.getpid()), "a") as f:
+            f.write("1\n")
+
+    while True:
+        c, _ = srv.accept()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+
+def master(wfd):
+    os.setpgid(0, 0)  # the test kills the whole group at the end
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((ADDR, 0))
+    srv.listen(64)
+    pids = []
+    for _ in range(WORKERS):
+        pid = os.fork()
+        if pid == 0:
+            worker(srv)
+            os._exit(0)
+        pids.append(pid)
+    os.write(wfd, " ".join(map(str, [srv.getsockname()[1]] + pids)).encode())
+    os.close(wfd)
+    while True:
+        signal.pause()
+
+
+r, w = os.pipe()
+mpid = os.fork()
+if mpid == 0:
+    os.close(r)
+    try:
+        master(w)
+    finally:
+        os._exit(1)
+os.close(w)
+started = (os.read(r, 256) or b"0").split()
+os.close(r)
+port, worker_pids = int(started[0]), set(map(int, started[1:]))
+if port == 0:
+    print("prefork: the master did not start")
+    sys.exit(1)
+
+results, transports = [None] * CONNS, [set() for _ in range(CONNS)]
+
+
+def client(i):
+    try:
+        data = os.urandom(N)
+        s = socket.create_connection((ADDR, port))
+
+        def look():
+            transports[i].add(int.from_bytes(s.getsockopt(SOL_RSOCK, RSOCK_TRANSPORT, 4),
+                                             "little", signed=True))
+
+        got = bytearray()
+
+        def reader():
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                got.extend(b)
+                look()
+
+        t = threading.Thread(target=reader)
+        t.start()
+        s.sendall(data[:65536])
+        time.sleep(1)
+        look()
+        s.sendall(data[65536:])
+        look()
+        s.shutdown(socket.SHUT_WR)
+        t.join(120)
+        s.close()
+        results[i] = bytes(got) == data
+    except Exception as e:  # noqa: BLE001
+        results[i] = "error %r" % (e,)
+
+
+def qp_owners():
+    # Thread group of every RC QP in RTS the kernel lists (the listing names
+    # the creating thread).
+    out = subprocess.run(["rdma", "resource", "show", "qp"], capture_output=True, text=True).stdout
+    owners = set()
+    for line in out.splitlines():
+        f = line.split()
+        if "RC" not in f or "RTS" not in f or "pid" not in f:
+            continue
+        tid = f[f.index("pid") + 1]
+        try:
+            with open("/proc/%s/status" % tid) as st:
+                owners.update(int(l.split()[1]) for l in st if l.startswith("Tgid:"))
+        except OSError:
+            pass
+    return owners
+
+
+threads = [threading.Thread(target=client, args=(i,)) for i in range(CONNS)]
+for t in threads:
+    t.start()
+qp_seen = set()
+while any(t.is_alive() for t in threads):
+    qp_seen |= qp_owners()
+    time.sleep(0.2)
+for t in threads:
+    t.join(180)
+time.sleep(0.5)  # the workers' served files
+os.killpg(mpid, signal.SIGKILL)
+os.waitpid(mpid, 0)
+served = {}
+for name in os.listdir("/tmp"):
+    path = "/tmp/" + name
+    if path.startswith(tag + ".served."):
+        served[name.rsplit(".", 1)[1]] = len(open(path).read().split())
+        os.unlink(path)
+ok = sum(1 for x in results if x is True)
+rdma = sum(1 for t in transports if 2 in t)
+qp_workers = qp_seen & worker_pids
+print("prefork: %d/%d echoes exact, %d/%d connections on RDMA, served per worker %s, "
+      "workers with RC QPs in RTS: %d, master with RC QPs: %s"
+      % (ok, CONNS, rdma, CONNS, sorted(served.values()), len(qp_workers), mpid in qp_seen))
+bad = [(i, results[i], sorted(transports[i])) for i in range(CONNS)
+       if results[i] is not True or 2 not in transports[i]]
+for b in bad:
+    print("  connection %d: result %s, transports %s" % b)
+sys.exit(0 if ok == CONNS and rdma == CONNS and len(served) > 1 and len(qp_workers) > 1
+         and mpid not in qp_seen else 1)
