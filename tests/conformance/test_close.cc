@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "helpers.h"
@@ -90,6 +91,34 @@ TEST_CASE("close: shutdown(SHUT_WR) half-close: EOF one way, data still flows ba
   errno = 0;
   CHECK(shutdown(u, SHUT_WR) == -1);
   CHECK(errno == ENOTCONN);
+}
+
+// A program that writes its answer in many small pieces and closes at once,
+// to a peer that reads only later: the kernel keeps a closed socket's
+// unsent bytes and delivers them, then EOF. A closed upgraded connection
+// must do the same (each small write takes one of the peer's receive slots,
+// and the FIN needs one too).
+TEST_CASE("close: many small writes just before close reach a peer that starts reading seconds later") {
+  Pair p = connected_pair();
+  const size_t piece = 1000, pieces = 400;
+  std::vector<uint8_t> out(piece * pieces);
+  fill_pattern(out.data(), out.size(), 0, 33);
+  int wfd = p.server.release();
+  size_t wrote = 0;
+  int closed = -1;
+  std::thread w([&] {
+    for (size_t i = 0; i < pieces; i++) wrote += write_all(wfd, out.data() + i * piece, piece);
+    closed = close(wfd);
+  });
+  usleep(1500 * 1000);  // past the close linger (connect_timeout_ms, 1 s)
+  std::vector<uint8_t> in(out.size());
+  CHECK(read_exact(p.client, in.data(), in.size()) == in.size());
+  CHECK(check_pattern(in.data(), in.size(), 0, 33) == in.size());
+  char b;
+  CHECK(read(p.client, &b, 1) == 0);
+  w.join();
+  CHECK(wrote == out.size());
+  CHECK(closed == 0);
 }
 
 TEST_CASE("close: closing with unread data resets the peer (ECONNRESET)") {

@@ -294,7 +294,13 @@ int pair_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
       (unsigned long long)(total >> 20), s, p.saw_rdma ? "yes" : "no",
       t == RSOCK_TRANSPORT_RDMA ? "rdma" : t == RSOCK_TRANSPORT_TCP ? "tcp" : "other");
   printf("RESULT %s saw_rdma=%d transport=%d seconds=%.1f\n", g_who, p.saw_rdma ? 1 : 0, t, s);
+  fflush(stdout);
   close(fd);
+  // Stay a moment: the peer may still be taking our last bytes, which the
+  // closed connection delivers in the background. Exiting now would hand
+  // them to TCP at exit (correct, but the peer would then end on TCP and
+  // this check is about a clean run ending on RDMA at both ends).
+  if (p.saw_rdma) sleep(2);
   return 0;
 }
 
