@@ -55,6 +55,11 @@ for c in a_bidirectional_across_switch d_forged_request_upgraded_connection e_fo
   LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=5000 $B/tests/upgrade/rsock_switch_test -tc=\$c > sw.log 2>&1 || { tail -30 sw.log; echo "FAIL: switch \$c"; rc=1; }
   tail -1 sw.log
 done
+# Preforked workers: fork children with their own verbs contexts, the
+# shared listen table, redirects, and vfork (the test samples QPs through
+# Python's subprocess).
+LD_PRELOAD=\$P python3 $SRC/tests/multiproc/prefork.py 10.77.0.1 > pf.log 2>&1 || { tail -30 pf.log; echo "FAIL: multiproc prefork"; rc=1; }
+grep -h "^prefork:" pf.log
 # Hostile peers against the transport, itself built with the sanitizers.
 for c in hostile foreign_rkey; do
   $B/tests/rdma/rsock_transport_vmtest \$c > tr.log 2>&1 || { tail -30 tr.log; echo "FAIL: transport \$c"; rc=1; }
