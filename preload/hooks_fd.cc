@@ -26,10 +26,14 @@ namespace rsock::preload {
 // fd `nfd` now names whatever `fd` names (dup family); r is the syscall result.
 static int after_dup(HookScope& h, int fd, int r) {
   if (r < 0) return r;
-  if (socket::in_vfork_child()) return h.pass(r);  // its own fd table, our parent's memory
   if (auto* t = socket::FdTable::get_if_exists()) {
-    if (auto s = t->lookup(fd)) t->install(r, s.get());
-    else t->remove(r);
+    auto s = t->lookup(fd);
+    // Only when the table would change, ask whether this is a vfork child
+    // (its own fd table, our parent's memory: socket::in_vfork_child).
+    if ((s || t->lookup(r)) && !socket::in_vfork_child()) {
+      if (s) t->install(r, s.get());
+      else t->remove(r);
+    }
   }
   return h.pass(r);
 }
@@ -58,7 +62,10 @@ static int fcntl_common(RsockFcntlFn fn, int fd, int cmd, void* arg) {
 RSOCK_HOOK int close(int fd) noexcept {
   HookScope h;
   // A vfork child closes its own copy of the fds; the table is its parent's.
-  if (rsock::socket::FdTable::get_if_exists() && rsock::socket::in_vfork_child())
+  // (Asked only for fds we track: in_vfork_child is a syscall.)
+  if (auto* t = rsock::socket::FdTable::get_if_exists();
+      t && (t->lookup(fd) || rsock::socket::is_epoll_instance(fd)) &&
+      rsock::socket::in_vfork_child())
     return h.pass(real().close(fd));
   // A number the program never got from the kernel (librsock's own, at the
   // top of the fd space): a daemon closing "all other fds" must not take our

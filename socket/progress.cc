@@ -225,6 +225,14 @@ bool ensure_thread() {
   return true;
 }
 
+// The rendezvous request a connect request carries; false if too short.
+bool request_of(const transport::IncomingRequest& req, wire::RendezvousRequest* rq) {
+  auto pl = req.payload();
+  if (pl.size() < sizeof *rq) return false;
+  std::memcpy(rq, pl.data(), sizeof *rq);
+  return true;
+}
+
 // Under g_mu: the claim of `st` (if any) is done with.
 void drop_claim(Stream* st) {
   for (size_t i = 0; i < g_claims.size(); i++) {
@@ -246,9 +254,7 @@ ListenerEntry* entry_of(const transport::Listener* l) {
 // accepted, pending server stream.
 bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
   wire::RendezvousRequest rq{};
-  auto pl = req.payload();
-  if (pl.size() < sizeof rq) return false;
-  std::memcpy(&rq, pl.data(), sizeof rq);
+  if (!request_of(req, &rq)) return false;
   ListenerEntry* l = entry_of(via);
   // A listener serves its own TCP port; a side listener any the child accepted on.
   if (l == nullptr || (!l->side && l->tcp_port != ntohs(rq.server_port))) return false;
@@ -292,11 +298,8 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
 // a fork child accepted on the shared listening socket: redirect it there.
 bool try_redirect(transport::IncomingRequest& req, transport::Listener* via,
                   listen_share::Table* share, uint64_t now) {
-  if (share == nullptr) return false;
   wire::RendezvousRequest rq{};
-  auto pl = req.payload();
-  if (pl.size() < sizeof rq) return false;
-  std::memcpy(&rq, pl.data(), sizeof rq);
+  if (share == nullptr || !request_of(req, &rq)) return false;
   if ((rq.max_version ? rq.max_version : rq.version) < wire::kRedirectVersion) return false;
   uint16_t port = listen_share::lookup(share, req.peer_addr(), rq.client_port, rq.server_port, now);
   if (port == 0) return false;
@@ -312,12 +315,10 @@ void service_listeners(uint64_t now) {
       auto r = l.listener->next_request();
       if (!r) break;
       wire::RendezvousRequest rq{};
-      auto pl = r->payload();
-      if (pl.size() < sizeof rq) {
+      if (!request_of(*r, &rq)) {
         l.listener->reject(std::move(*r), transport::RejectReason::kBadVersion);
         continue;
       }
-      std::memcpy(&rq, pl.data(), sizeof rq);
       if (rq.magic != wire::kRendezvousMagic || wire::negotiate(rq) == 0) {
         l.listener->reject(std::move(*r), transport::RejectReason::kBadVersion);
         continue;

@@ -1073,6 +1073,8 @@ int epoll_filter_internal(int epfd, epoll_event* ev, int n) {
   return k;
 }
 
+bool is_epoll_instance(int fd) { return set_of(fd) != nullptr; }
+
 void epoll_fd_closed(int fd) {
   EpollSet* set = set_of(fd);
   if (!set) return;

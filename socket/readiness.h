@@ -45,6 +45,8 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
 int epoll_filter_internal(int epfd, epoll_event* ev, int n);
 // An epoll fd or a socket fd was closed.
 void epoll_fd_closed(int fd);
+// Whether `fd` is an epoll instance we emulate (one lookup, no syscall).
+bool is_epoll_instance(int fd);
 
 // epoll_create/epoll_create1 returned epfd (its EpollSet exists from then on,
 // so that nesting it is noticed even before it holds a tracked socket).

@@ -121,6 +121,8 @@ void Stream::set_phase(Phase p) {
   if (p == Phase::kPlain) governs_.store(false, std::memory_order_release);
 }
 
+unsigned long long Stream::us_since_start() const { return (now_ns() - born_ns_) / 1000; }
+
 void Stream::start_client() {
   std::lock_guard lk(mu_);
   if (phase() != Phase::kPending || orphaned_) return;  // fell back (fork) or closed meanwhile
@@ -158,7 +160,7 @@ void Stream::connect_locked(uint16_t rport) {
   conn_ = std::move(*c);
   conn_->set_notify(notify_stream, this);
   LOG_DEBUG("fd %d: rendezvous started %llu us after connect(), TCP bytes out/in %llu/%llu", tcp_fd_,
-            (unsigned long long)(now_ns() - born_ns_) / 1000, (unsigned long long)tcp_tx_,
+            us_since_start(), (unsigned long long)tcp_tx_,
             (unsigned long long)tcp_rx_);
 }
 
@@ -170,7 +172,7 @@ void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64
   conn_->set_notify(notify_stream, this);
   peer_cookie_ = peer_cookie;
   LOG_DEBUG("fd %d: rendezvous request accepted %llu us after accept(), TCP bytes out/in %llu/%llu",
-            tcp_fd_, (unsigned long long)(now_ns() - born_ns_) / 1000, (unsigned long long)tcp_tx_,
+            tcp_fd_, us_since_start(), (unsigned long long)tcp_tx_,
             (unsigned long long)tcp_rx_);
 }
 
@@ -454,18 +456,11 @@ bool Stream::hand_off(uint64_t deadline_ns, stats::FallbackReason why) {
 }
 
 void Stream::settle_switch(uint64_t deadline_ns) {
-  std::unique_lock lk(mu_);
-  bool changed = false;
   while (phase() == Phase::kSwitching && now_ns() < deadline_ns) {
-    changed = advance_locked(true) || changed;
+    advance(true);
     if (phase() != Phase::kSwitching) break;
-    lk.unlock();
     sys::libc.poll(nullptr, 0, 1);  // the peer's READY or marker is a round trip away
-    lk.lock();
   }
-  if (changed) gen_.fetch_add(1, std::memory_order_acq_rel);
-  lk.unlock();
-  if (changed) wake();
 }
 
 bool Stream::give_away(uint64_t deadline_ns) {
@@ -633,7 +628,7 @@ bool Stream::advance_locked(bool full) {
       if (fin_deferred_) (void)conn_->shutdown_write();
       stats::set_upgraded(slot_, conn_->qp_num());
       LOG_DEBUG("fd %d: on RDMA (qp %u) %llu us after the socket's start, after %llu/%llu TCP bytes "
-                "out/in", tcp_fd_, conn_->qp_num(), (unsigned long long)(now_ns() - born_ns_) / 1000,
+                "out/in", tcp_fd_, conn_->qp_num(), us_since_start(),
                 (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
       // io_uring was set up while this switch ran (progress_io_uring_started
       // hands off only connections already on RDMA): straight back.
@@ -720,7 +715,7 @@ void Stream::enter_switching() {
   out_marker_ = {wire::kMarkerMagic, peer_cookie_, tcp_tx_};
   offer_queued_ = true;
   LOG_DEBUG("fd %d: RDMA connection up %llu us after the socket's start, switching at TCP bytes out/in "
-            "%llu/%llu", tcp_fd_, (unsigned long long)(now_ns() - born_ns_) / 1000,
+            "%llu/%llu", tcp_fd_, us_since_start(),
             (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
 }
 

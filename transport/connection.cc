@@ -389,9 +389,7 @@ void Connection::disconnect() {
   disconnect_sent_ = true;
   // What rdma_disconnect does for a QP it created: error state first, so
   // posted WRs flush; then the DREQ ("not connected" is ignored).
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_ERR;
-  (void)ibv_modify_qp(qp_, &a, IBV_QP_STATE);
+  (void)set_qp_state(IBV_QPS_ERR);
   rdma_disconnect(id_);
 }
 
@@ -409,24 +407,24 @@ Status<void> Connection::close() {
   return progress();
 }
 
-Status<void> Connection::debug_break_silently() {
+// A bare state change (error, send-queue drain), no attributes.
+Status<void> Connection::set_qp_state(ibv_qp_state state) {
   if (qp_ == nullptr) return Err(ENOTCONN);
   ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_ERR;
-  if (int e = ibv_modify_qp(qp_, &a, IBV_QP_STATE); e != 0) return Err(e);
+  a.qp_state = state;
+  if (int e = ibv_modify_qp(qp_, &a, IBV_QP_STATE); e != 0) return Err(e);  // the errno itself
+  return Ok();
+}
+
+Status<void> Connection::debug_break_silently() {
+  if (auto s = set_qp_state(IBV_QPS_ERR); !s) return s;
   disconnect_sent_ = true;  // flushes are expected now; never send a DREQ
   err_ = ECONNRESET;
   state_ = State::kError;
   return Ok();
 }
 
-Status<void> Connection::debug_stall_sends() {
-  if (qp_ == nullptr) return Err(ENOTCONN);
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_SQD;
-  if (int e = ibv_modify_qp(qp_, &a, IBV_QP_STATE); e != 0) return Err(e);
-  return Ok();
-}
+Status<void> Connection::debug_stall_sends() { return set_qp_state(IBV_QPS_SQD); }
 
 // Tests only: one signalled WR of `len` bytes from the start of our send
 // ring memory, outside the data path's accounting (debug_write_foreign,

@@ -228,6 +228,7 @@ class Connection {
   Status<void> handle_cm_event(const rdma_cm_event& ev);
   void on_established(const void* pdata, size_t len);
   Status<void> qp_to(ibv_qp_state state);
+  Status<void> set_qp_state(ibv_qp_state state);
   void fail(int err);
   void disconnect();
   void check_timers(uint64_t now);

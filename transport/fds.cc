@@ -17,6 +17,12 @@ struct OwnContext {
 OwnContext g_ctx[kMaxContexts];
 int g_nctx = 0;
 std::mutex g_ctx_mu;
+
+// A device context's command and async fds, into the owned band.
+void own_fds_of(ibv_context* ctx) {
+  ctx->cmd_fd = sys::own_fd(ctx->cmd_fd);
+  ctx->async_fd = sys::own_fd(ctx->async_fd);
+}
 }  // namespace
 
 ibv_context* own_context(ibv_device* dev) {
@@ -36,8 +42,7 @@ ibv_context* own_context(ibv_device* dev) {
     if (errno == 0) errno = ENODEV;
     return nullptr;
   }
-  ctx->cmd_fd = sys::own_fd(ctx->cmd_fd);
-  ctx->async_fd = sys::own_fd(ctx->async_fd);
+  own_fds_of(ctx);
   g_ctx[g_nctx++] = {dev, ctx};
   return ctx;
 }
@@ -53,10 +58,7 @@ void own_device_fds() {
     int n = 0;
     ibv_context** ctxs = rdma_get_devices(&n);
     if (!ctxs) return;
-    for (int i = 0; i < n; i++) {
-      ctxs[i]->cmd_fd = sys::own_fd(ctxs[i]->cmd_fd);
-      ctxs[i]->async_fd = sys::own_fd(ctxs[i]->async_fd);
-    }
+    for (int i = 0; i < n; i++) own_fds_of(ctxs[i]);
     rdma_free_devices(ctxs);
   });
 }

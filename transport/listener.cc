@@ -127,18 +127,15 @@ Status<IncomingRequest> Listener::next_request() {
   return Err(errno == EAGAIN || errno == EWOULDBLOCK ? EAGAIN : errno);
 }
 
-void Listener::reject(IncomingRequest req, RejectReason reason) {
+void Listener::reject(IncomingRequest req, RejectReason reason, uint16_t port) {
   if (req.id_ == nullptr) return;
-  send_reject(req.id_, reason);
+  send_reject(req.id_, reason, port);
   rdma_destroy_id(req.id_);
   req.id_ = nullptr;
 }
 
 void Listener::redirect(IncomingRequest req, uint16_t port) {
-  if (req.id_ == nullptr) return;
-  send_reject(req.id_, RejectReason::kRedirect, port);
-  rdma_destroy_id(req.id_);
-  req.id_ = nullptr;
+  reject(std::move(req), RejectReason::kRedirect, port);
 }
 
 Status<std::unique_ptr<Connection>> Listener::accept(IncomingRequest req,

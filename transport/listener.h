@@ -60,7 +60,7 @@ class Listener {
   // Allocates the connection, answers with our ring and `payload` (<= 32
   // bytes). The returned Connection becomes established() via progress().
   Status<std::unique_ptr<Connection>> accept(IncomingRequest req, std::span<const std::byte> payload);
-  void reject(IncomingRequest req, RejectReason reason);
+  void reject(IncomingRequest req, RejectReason reason) { reject(std::move(req), reason, 0); }
   // Rejects with kRedirect: the client sends the same request to `port`
   // (host order) on the same address.
   void redirect(IncomingRequest req, uint16_t port);
@@ -70,6 +70,8 @@ class Listener {
 
  private:
   Listener(const config::Tunables& tun) : tun_(tun) {}
+  // A reject; a redirect names `port` too.
+  void reject(IncomingRequest req, RejectReason reason, uint16_t port);
   config::Tunables tun_;
   rdma_event_channel* ch_ = nullptr;
   rdma_cm_id* id_ = nullptr;

@@ -14,12 +14,11 @@
 # upgrades all the same.
 import os, socket, sys, threading, time
 
-from rdma_env import skip_unless_rdma
+from rdma_env import skip_unless_rdma, transport_of
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 AFTER_LISTEN = "--after-listen" in sys.argv
 skip_unless_rdma(ADDR)
-SOL_RSOCK, RSOCK_TRANSPORT = 0x5253, 1
 N = 1 << 20
 tag = "/tmp/daemon-test.%d" % os.getpid()
 port_file, result = tag + ".port", tag + ".result"
@@ -47,7 +46,7 @@ if pid == 0:
         data = os.urandom(N)
         seen, got, sent = set(), bytearray(), 0
         def look():
-            seen.add(int.from_bytes(s.getsockopt(SOL_RSOCK, RSOCK_TRANSPORT, 4), "little", signed=True))
+            seen.add(transport_of(s))
         while sent < N:
             sent += s.send(data[sent:sent + 65536])
             look()

@@ -10,13 +10,12 @@
 # back at fork, handed_off), and a connection does not upgrade a second
 # time; the test asserts correctness and prints the transports the clients
 # saw.
-import os, socket, socketserver, sys, threading
+import os, socketserver, sys, threading
 
-from rdma_env import skip_unless_rdma
+from rdma_env import echo_once, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 skip_unless_rdma(ADDR)
-SOL_RSOCK, RSOCK_TRANSPORT = 0x5253, 1
 CONNS, N = 12, 256 * 1024
 
 
@@ -40,34 +39,8 @@ threading.Thread(target=srv.serve_forever, daemon=True).start()
 results, transports = [None] * CONNS, [set() for _ in range(CONNS)]
 
 
-def transport_of(s):
-    try:  # without librsock the kernel says EOPNOTSUPP: the same program runs plain too
-        return int.from_bytes(s.getsockopt(SOL_RSOCK, RSOCK_TRANSPORT, 4), "little", signed=True)
-    except OSError:
-        return -1
-
-
 def client(i):
-    data = os.urandom(N)
-    s = socket.create_connection((ADDR, port))
-    got = bytearray()
-
-    def reader():
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            got.extend(b)
-
-    t = threading.Thread(target=reader)
-    t.start()
-    for off in range(0, N, 32768):
-        s.sendall(data[off:off + 32768])
-        transports[i].add(transport_of(s))
-    s.shutdown(socket.SHUT_WR)
-    t.join(120)
-    s.close()
-    results[i] = bytes(got) == data
+    results[i] = echo_once(ADDR, port, os.urandom(N), transports[i])
 
 
 threads = [threading.Thread(target=client, args=(i,)) for i in range(CONNS)]

@@ -15,11 +15,10 @@
 # thread group) and none owned by the master.
 import os, signal, socket, subprocess, sys, threading, time
 
-from rdma_env import skip_unless_rdma
+from rdma_env import echo_once, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 skip_unless_rdma(ADDR)
-SOL_RSOCK, RSOCK_TRANSPORT = 0x5253, 1
 WORKERS, CONNS, N = 3, 12, 256 * 1024
 tag = "/tmp/prefork-test.%d" % os.getpid()
 
@@ -80,34 +79,8 @@ results, transports = [None] * CONNS, [set() for _ in range(CONNS)]
 
 def client(i):
     try:
-        data = os.urandom(N)
-        s = socket.create_connection((ADDR, port))
-
-        def look():
-            transports[i].add(int.from_bytes(s.getsockopt(SOL_RSOCK, RSOCK_TRANSPORT, 4),
-                                             "little", signed=True))
-
-        got = bytearray()
-
-        def reader():
-            while True:
-                b = s.recv(65536)
-                if not b:
-                    break
-                got.extend(b)
-                look()
-
-        t = threading.Thread(target=reader)
-        t.start()
-        s.sendall(data[:65536])
-        time.sleep(1)
-        look()
-        s.sendall(data[65536:])
-        look()
-        s.shutdown(socket.SHUT_WR)
-        t.join(120)
-        s.close()
-        results[i] = bytes(got) == data
+        results[i] = echo_once(ADDR, port, os.urandom(N), transports[i], chunk=65536,
+                               pause_after_first=1)
     except Exception as e:  # noqa: BLE001
         results[i] = "error %r" % (e,)
 

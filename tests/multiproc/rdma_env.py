@@ -1,6 +1,46 @@
 # rdma_env.py -- shared by the multiproc tests: exit 77 ("SKIP") unless this
-# host has a verbs device and ADDR is a local address to bind to.
-import os, socket, sys
+# host has a verbs device and ADDR is a local address to bind to; the
+# transport librsock reports for a socket; one verified echo as a client.
+import os, socket, sys, threading, time
+
+SOL_RSOCK, RSOCK_TRANSPORT = 0x5253, 1  # preload/librsock.h
+
+
+def transport_of(s):
+    # Without librsock the kernel says EOPNOTSUPP: the same program runs plain too.
+    try:
+        return int.from_bytes(s.getsockopt(SOL_RSOCK, RSOCK_TRANSPORT, 4), "little", signed=True)
+    except OSError:
+        return -1
+
+
+def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0):
+    # Connects, sends `data` in chunks (sleeping after the first if asked, so
+    # that an upgrade lands mid-stream), half-closes and reads the echo to EOF
+    # in a second thread; adds the transport seen after every send and every
+    # receive to `seen`. True if the echo is exact.
+    s = socket.create_connection((addr, port))
+    got = bytearray()
+
+    def reader():
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            got.extend(b)
+            seen.add(transport_of(s))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for off in range(0, len(data), chunk):
+        s.sendall(data[off:off + chunk])
+        seen.add(transport_of(s))
+        if off == 0 and pause_after_first:
+            time.sleep(pause_after_first)
+    s.shutdown(socket.SHUT_WR)
+    t.join(120)
+    s.close()
+    return bytes(got) == data
 
 
 def skip_unless_rdma(addr):
