@@ -164,6 +164,17 @@ struct Registry {
 };
 // Created on first use: hooks may run before our dynamic initialisers.
 std::atomic<Registry*> g_reg_ptr{nullptr};
+// Held by the progress thread whenever it is awake (everything but its
+// epoll_wait), and by fork() around the fork, so that the child never
+// inherits a lock the thread held in the middle of a call: librdmacm's (the
+// hub's rdma_get_cm_event), the allocator's, one of ours. A child that did
+// hung in its first rdma_cm call or allocation (measured: a preforked worker
+// stuck in its first thread's start under ASan, its connection never served).
+// Outermost: taken with no other lock held. Never destroyed (hooks may run
+// during exit).
+std::mutex g_loop_mu;
+bool g_hub_serviced_before_fork = false;
+std::atomic<bool> g_thread_up{false};  // the progress thread reached thread_main
 Registry* reg() {
   Registry* r = g_reg_ptr.load(std::memory_order_acquire);
   if (r) return r;
@@ -222,6 +233,11 @@ bool ensure_thread() {
   if (rc != 0) return false;
   pthread_setname_np(tid, "rsock-progress");
   g_started = true;
+  // Until the new thread runs its own code it is in the thread library's (or
+  // a sanitizer's) start-up, which allocates: a fork() now (a preforking
+  // server forks right after listen()) would hand the child an allocator
+  // lock that nobody there releases. From thread_main on, g_loop_mu covers it.
+  while (!g_thread_up.load(std::memory_order_acquire)) g_thread_up.wait(false);
   return true;
 }
 
@@ -389,6 +405,11 @@ void expire_listeners(uint64_t now) {
 
 void* thread_main(void*) {
   epoll_event evs[16];
+  // Before g_loop_mu: ensure_thread waits for this under g_mu, and fork()
+  // takes g_loop_mu before g_mu.
+  g_thread_up.store(true, std::memory_order_release);
+  g_thread_up.notify_all();
+  std::unique_lock awake(g_loop_mu);
   for (;;) {
     bool busy = false;
     {
@@ -431,7 +452,9 @@ void* thread_main(void*) {
              std::any_of(g_listeners.begin(), g_listeners.end(),
                          [](const ListenerEntry& e) { return e.closed_until_ns != 0; });
     }
+    awake.unlock();
     int n = sys::libc.epoll_wait(g_epfd, evs, 16, busy ? kBusyTickMs : kIdleTickMs);
+    awake.lock();
     Watch fire[16];
     int nfire = 0;
     bool hub_ready = false;
@@ -857,6 +880,11 @@ void settle_switches() {
 }  // namespace
 
 void progress_before_fork() {
+  // The progress thread parks first (g_loop_mu); while it is parked the
+  // connections settled below read the rdma_cm hub themselves.
+  g_loop_mu.lock();
+  g_hub_serviced_before_fork = transport::cm_hub::serviced();
+  transport::cm_hub::set_serviced(false);
   // Held across fork(): no stream can be created or start its rendezvous
   // meanwhile. An upgrade still pending now would be completed by one process
   // while both own the TCP stream, so those stay on TCP, in both processes.
@@ -900,7 +928,11 @@ void progress_io_uring_started() {
   hand_off_streams(false, false, stats::FallbackReason::kIoUring);
 }
 
-void progress_after_fork_parent() { g_mu.unlock(); }
+void progress_after_fork_parent() {
+  g_mu.unlock();
+  transport::cm_hub::set_serviced(g_hub_serviced_before_fork);
+  g_loop_mu.unlock();
+}
 
 void progress_after_fork_child() {
   // The child must not touch the parent's RDMA resources: the parent's
@@ -912,6 +944,8 @@ void progress_after_fork_child() {
   // contexts are the child's own from its first connection on
   // (transport/fds.h), so its new connections upgrade like anyone's; its
   // rdma_cm listener is whatever it listen()s on itself.
+  new (&g_loop_mu) std::mutex();  // held by this thread since before the fork
+  g_thread_up.store(false, std::memory_order_relaxed);  // no progress thread here yet
   transport::cm_hub::after_fork_child();
   transport::contexts_after_fork_child();
   Registry* old = g_reg_ptr.load();

@@ -10,8 +10,9 @@
 # Asserted: every byte comes back in order; every connection was on RDMA
 # (SOL_RSOCK transport 2) at some point, although the process holding the
 # rdma_cm listener (the master) accepts none of them; more than one worker
-# served connections; and the kernel's `rdma resource show qp`, sampled
-# while the transfers run, lists RC QPs in RTS owned by the workers (by
+# served connections; no worker died; and the kernel's `rdma resource show
+# qp`, read while every connection is still open (the clients hold them
+# once their echo is back), lists RC QPs in RTS owned by the workers (by
 # thread group) and none owned by the master.
 import os, signal, socket, subprocess, sys, threading, time
 
@@ -24,6 +25,7 @@ tag = "/tmp/prefork-test.%d" % os.getpid()
 
 
 def worker(srv):
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     def serve(c):
         with c:
             while True:
@@ -39,8 +41,24 @@ def worker(srv):
         threading.Thread(target=serve, args=(c,), daemon=True).start()
 
 
+def reap(*_):
+    # A worker that dies (a crash prints nothing when the sanitizers leave
+    # SIGSEGV alone) is named in the report, with how it died.
+    while True:
+        try:
+            pid, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        with open(tag + ".died", "a") as f:
+            f.write("worker %d: %s\n" % (pid, "signal %d" % os.WTERMSIG(st) if os.WIFSIGNALED(st)
+                                          else "exit %d" % os.WEXITSTATUS(st)))
+
+
 def master(wfd):
     os.setpgid(0, 0)  # the test kills the whole group at the end
+    signal.signal(signal.SIGCHLD, reap)
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind((ADDR, 0))
@@ -54,6 +72,7 @@ def master(wfd):
         pids.append(pid)
     os.write(wfd, " ".join(map(str, [srv.getsockname()[1]] + pids)).encode())
     os.close(wfd)
+    reap()
     while True:
         signal.pause()
 
@@ -75,14 +94,16 @@ if port == 0:
     sys.exit(1)
 
 results, transports = [None] * CONNS, [set() for _ in range(CONNS)]
+arrived, go = threading.Semaphore(0), threading.Event()
 
 
 def client(i):
     try:
         results[i] = echo_once(ADDR, port, os.urandom(N), transports[i], chunk=65536,
-                               pause_after_first=1)
+                               pause_after_first=1, hold=(arrived, go))
     except Exception as e:  # noqa: BLE001
         results[i] = "error %r" % (e,)
+        arrived.release()
 
 
 def qp_owners():
@@ -106,19 +127,26 @@ def qp_owners():
 threads = [threading.Thread(target=client, args=(i,)) for i in range(CONNS)]
 for t in threads:
     t.start()
-qp_seen = set()
-while any(t.is_alive() for t in threads):
-    qp_seen |= qp_owners()
-    time.sleep(0.2)
+# Every connection's echo is back and the connection still open: its QP is
+# listed now, however quickly (or slowly) the transfers ran.
+for _ in range(CONNS):
+    arrived.acquire(timeout=180)
+qp_seen = qp_owners()
+go.set()
 for t in threads:
     t.join(180)
 time.sleep(0.5)  # the workers' served files
+died = []
+if os.path.exists(tag + ".died"):
+    died = open(tag + ".died").read().splitlines()
 os.killpg(mpid, signal.SIGKILL)
 os.waitpid(mpid, 0)
 served = {}
 for name in os.listdir("/tmp"):
     path = "/tmp/" + name
-    if path.startswith(tag + ".served."):
+    if path == tag + ".died":
+        os.unlink(path)
+    elif path.startswith(tag + ".served."):
         served[name.rsplit(".", 1)[1]] = len(open(path).read().split())
         os.unlink(path)
 ok = sum(1 for x in results if x is True)
@@ -131,5 +159,7 @@ bad = [(i, results[i], sorted(transports[i])) for i in range(CONNS)
        if results[i] is not True or 2 not in transports[i]]
 for b in bad:
     print("  connection %d: result %s, transports %s" % b)
-sys.exit(0 if ok == CONNS and rdma == CONNS and len(served) > 1 and len(qp_workers) > 1
+for d in died:
+    print("  " + d + " (before the test ended)")
+sys.exit(0 if not died and ok == CONNS and rdma == CONNS and len(served) > 1 and len(qp_workers) > 1
          and mpid not in qp_seen else 1)
