@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include <boost/intrusive/list.hpp>
+#include <boost/intrusive/set.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -272,6 +273,11 @@ struct Reg {
   // On the set's visit list while collect() must look at it (see EpollSet);
   // unlinked when destroyed.
   bi::list_member_hook<bi::link_mode<bi::auto_unlink>> visit_hook;
+  // In the set's index by (fd, parked): epoll_ctl finds a registration in
+  // O(log n), not by a scan of every registration (10,000 sockets in one set).
+  // fd and parked change only through rekey().
+  bi::set_member_hook<bi::link_mode<bi::auto_unlink>> key_hook;
+  size_t idx = 0;  // its slot in EpollSet::regs
   EpollWatch watch;
   int fd;
   Socket* sock;          // one reference held while registered
@@ -303,6 +309,12 @@ constexpr uint8_t kFiredWake = 1, kFiredConn = 2;
 
 using VisitList = bi::list<Reg, bi::member_hook<Reg, decltype(Reg::visit_hook), &Reg::visit_hook>,
                            bi::constant_time_size<false>>;
+struct RegKey {
+  using type = std::pair<int, bool>;
+  type operator()(const Reg& r) const { return {r.fd, r.parked}; }
+};
+using RegIndex = bi::multiset<Reg, bi::member_hook<Reg, decltype(Reg::key_hook), &Reg::key_hook>,
+                              bi::key_of_value<RegKey>, bi::constant_time_size<false>>;
 
 // The kernel instance (the application's epfd) holds the kernel-side
 // registrations and ready_fd; librsock's internal fds (the streams' wake and
@@ -328,7 +340,11 @@ using VisitList = bi::list<Reg, bi::member_hook<Reg, decltype(Reg::visit_hook), 
 struct EpollSet {
   std::mutex mu;
   // Stable addresses: the shadow's events point at their Reg.
+  // Unordered (a drop moves the last one into the hole); Reg::idx is each
+  // one's slot.
   std::vector<std::unique_ptr<Reg>> regs;
+  RegIndex by_fd;
+  int parked_count = 0;
   VisitList visit;
   std::atomic<EpollWatch*> pushed{nullptr};  // Treiber stack, taken whole
   int poke_fd = -1;                          // eventfd in the shadow
@@ -570,20 +586,37 @@ void drop(EpollSet* set, int epfd, size_t i) {
   }
   r.sock->epoll_regs.fetch_sub(1, std::memory_order_acq_rel);
   r.sock->unref();
-  set->regs.erase(set->regs.begin() + long(i));
+  if (r.parked) set->parked_count--;
+  set->by_fd.erase(set->by_fd.iterator_to(r));
+  auto& v = set->regs;
+  if (i + 1 != v.size()) {
+    v[i] = std::move(v.back());  // frees r
+    v[i]->idx = i;
+  }
+  v.pop_back();
 }
 
-size_t index_of(EpollSet* set, const Reg* r) {
-  for (size_t i = 0; i < set->regs.size(); i++)
-    if (set->regs[i].get() == r) return i;
-  return set->regs.size();
-}
+size_t index_of(EpollSet*, const Reg* r) { return r->idx; }
 
 // The live registration of fd, or (parked) the parked one.
 Reg* find(EpollSet* set, int fd, bool parked = false) {
-  for (auto& r : set->regs)
-    if (r->fd == fd && r->parked == parked) return r.get();
-  return nullptr;
+  auto it = set->by_fd.find(RegKey::type{fd, parked});
+  return it == set->by_fd.end() ? nullptr : &*it;
+}
+
+// Under set->mu: the only way fd or parked change (they are the index key).
+void rekey(EpollSet* set, Reg& r, int fd, bool parked) {
+  set->by_fd.erase(set->by_fd.iterator_to(r));
+  set->parked_count += int(parked) - int(r.parked);
+  r.fd = fd;
+  r.parked = parked;
+  set->by_fd.insert(r);
+}
+
+void add_reg(EpollSet* set, std::unique_ptr<Reg> reg) {
+  reg->idx = set->regs.size();
+  set->by_fd.insert(*reg);
+  set->regs.push_back(std::move(reg));
 }
 
 constexpr int kMaxParked = 16;  // per set; beyond that a DEL really deletes
@@ -876,13 +909,13 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
     // these are different registrations (file, fd); ours are keyed by fd
     // alone, so the old one stops being addressable, as in the kernel.
     if (r->sock->names() == 0) drop(set, epfd, index_of(set, r));
-    else r->fd = -1;
+    else rekey(set, *r, -1, r->parked);
     r = nullptr;
   }
   if (Reg* p = op == EPOLL_CTL_ADD && !r ? find(set, fd, true) : nullptr) {
     // The socket it was deleted from comes back: as it was, with the new mask.
     if (p->sock == s.get() && ev && !(ev->events & EPOLLEXCLUSIVE) && governing_stream(s)) {
-      p->parked = false;
+      rekey(set, *p, fd, false);
       rearm(set, epfd, *p, *ev);
       return 0;
     }
@@ -892,10 +925,8 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
     // The kernel does not hold this registration: emulate its answers.
     if (op == EPOLL_CTL_ADD) return Err(EEXIST);
     if (op == EPOLL_CTL_DEL) {
-      int parked = 0;
-      for (auto& o : set->regs) parked += o->parked;
-      if (parked < kMaxParked) {
-        r->parked = true;
+      if (set->parked_count < kMaxParked) {
+        rekey(set, *r, fd, true);
         r->fired = 0;
         r->tcp_fired = 0;
       } else {
@@ -921,7 +952,7 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
     }
     s->ref();
     s->epoll_regs.fetch_add(1, std::memory_order_acq_rel);
-    set->regs.push_back(std::move(reg));
+    add_reg(set, std::move(reg));
     visit(set, *set->regs.back());
     if (Stream* st = governing_stream(s)) to_user(set, epfd, *set->regs.back(), st);
   } else if (r && op == EPOLL_CTL_DEL) {

@@ -5,11 +5,13 @@
 // Opens N connections to itself on IP (2N sockets), waits until every socket
 // reports RDMA (or, without librsock, goes on at once), then prints one line
 //   conns=N setup_ms=S fds_per_socket=F pinned_kib_per_socket=P rss_kib_per_socket=R
-//   epoll_us_per_roundtrip=E
+//   epoll_us_per_roundtrip=E epoll_ctl_us=C
 // fds/pinned/rss are the process's growth (/proc/self/fd, VmPin, VmRSS)
 // beyond the program's own 2N sockets, divided by 2N. The epoll figure: all
 // 2N sockets registered level-triggered for EPOLLIN in one set, one pair
 // ping-pongs a byte R times; microseconds per round trip (two epoll_waits).
+// epoll_ctl_us: one EPOLL_CTL_MOD of the socket registered last, with all 2N
+// registered (an event loop re-arms a socket per request).
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -142,9 +144,18 @@ int main(int argc, char** argv) {
     }
   }
   double per_rt = (now_s() - e0) / rounds * 1e6;
+  constexpr int kMods = 2000;
+  double c0 = now_s();
+  for (int r = 0; r < kMods; r++) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u32 = uint32_t(socks.size() - 1);
+    if (epoll_ctl(ep, EPOLL_CTL_MOD, socks.back(), &ev) != 0) die("epoll_ctl MOD");
+  }
+  double per_ctl = (now_s() - c0) / kMods * 1e6;
   printf("conns=%d rdma_sockets=%d/%d setup_ms=%.0f fds_per_socket=%.2f pinned_kib_per_socket=%.1f "
-         "rss_kib_per_socket=%.1f epoll_us_per_roundtrip=%.1f\n",
+         "rss_kib_per_socket=%.1f epoll_us_per_roundtrip=%.1f epoll_ctl_us=%.2f\n",
          n, on_rdma, 2 * n, setup * 1000, double(extra_fds) / (2 * n), double(pin) / (2 * n),
-         double(rss) / (2 * n), per_rt);
+         double(rss) / (2 * n), per_rt, per_ctl);
   return 0;
 }
