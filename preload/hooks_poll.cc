@@ -7,6 +7,7 @@
 
 #include "preload/hook.h"
 #include "socket/readiness.h"
+#include "socket/rendezvous.h"
 
 using rsock::preload::HookScope;
 using rsock::preload::real;
@@ -107,6 +108,7 @@ RSOCK_HOOK int epoll_create1(int flags) noexcept {
 
 RSOCK_HOOK int epoll_ctl(int ep, int op, int fd, struct epoll_event* ev) noexcept {
   HookScope h;
+  if (op == EPOLL_CTL_ADD) rsock::socket::listener_in_use(fd);  // a worker's event loop
   if (auto s = h.tracked(fd)) {
     // A socket that will never have a stream and has no registration of ours
     // is the kernel's alone (the common case without RDMA: no per-call work).

@@ -152,11 +152,13 @@ RSOCK_HOOK int listen(int fd, int backlog) noexcept {
 
 RSOCK_HOOK int accept(int fd, struct sockaddr* addr, socklen_t* len) noexcept {
   HookScope h;
+  rsock::socket::listener_in_use(fd);  // before it blocks: see rendezvous.h
   return rsock::preload::accept_common(h, fd, real().accept(fd, addr, len), 0);
 }
 
 RSOCK_HOOK int accept4(int fd, struct sockaddr* addr, socklen_t* len, int flags) noexcept {
   HookScope h;
+  rsock::socket::listener_in_use(fd);
   return rsock::preload::accept_common(h, fd, real().accept4(fd, addr, len, flags), flags);
 }
 

@@ -49,6 +49,7 @@ bool ip16(const sockaddr* a, uint64_t* hi, uint64_t* lo) {
 
 struct Table {
   Slot slots[kSlots];
+  std::atomic<int32_t> owner_pid;
 };
 
 Table* create() {
@@ -109,6 +110,14 @@ uint16_t lookup(const Table* t, const sockaddr* client, uint16_t client_port,
     return static_cast<uint16_t>(ports >> 32 & 0xffff);
   }
   return 0;
+}
+
+void set_owner(Table* t, int32_t pid) {
+  if (t != nullptr) t->owner_pid.store(pid, std::memory_order_release);
+}
+
+int32_t owner(const Table* t) {
+  return t == nullptr ? 0 : t->owner_pid.load(std::memory_order_acquire);
 }
 
 }  // namespace rsock::socket::listen_share

@@ -14,6 +14,11 @@
 // - the client sends the same request there, and the child accepts it.
 // docs/DESIGN.md, "fork".
 //
+// The table also names the process whose rdma_cm listener serves the socket
+// (its owner): the one that called listen(), then, once that one exited,
+// the child that bound the listener's port again (socket/progress.cc,
+// take_over).
+//
 // Slots are seqlocked (a generation and a phase in one word) so that the
 // owner never reads a half-written entry; every field is an atomic, shared
 // between processes through the mapping.
@@ -41,5 +46,8 @@ void clear(Table* t, int slot);
 // process, 0 if none (or expired).
 uint16_t lookup(const Table* t, const sockaddr* client, uint16_t client_port,
                 uint16_t server_port, uint64_t now_ns);
+// The owner's pid (0: none recorded).
+void set_owner(Table* t, int32_t pid);
+int32_t owner(const Table* t);
 
 }  // namespace rsock::socket::listen_share

@@ -13,6 +13,8 @@
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <mutex>
 #include <vector>
 
+#include "socket/fd_table.h"
 #include "socket/listen_share.h"
 #include "socket/process.h"
 #include "socket/rendezvous.h"
@@ -44,6 +47,11 @@ constexpr int kBusyTickMs = 1;
 constexpr int kIdleTickMs = 50;
 constexpr uint64_t kTcpTag = uint64_t{1} << 40;  // epoll data: kTcpTag | fd
 constexpr uint64_t kHubTag = uint64_t{1} << 41;  // the shared rdma_cm channel
+constexpr uint64_t kOwnerTag = uint64_t{1} << 42;  // kOwnerTag | pidfd of a listener's owner
+// A child that lost the race for an exited owner's port looks again after
+// this (the winner names itself in the share right after its bind), doubling
+// up to kTakeOverGapMaxNs while the port stays taken by someone else.
+constexpr uint64_t kTakeOverGapNs = 20'000'000, kTakeOverGapMaxNs = 1'000'000'000;
 // An upgraded connection keeps this many fds (the TCP reference, the wake
 // eventfd, the completion channel).
 constexpr int kFdsPerStream = 3;
@@ -111,13 +119,26 @@ struct ListenerEntry {
   uint64_t closed_until_ns = 0;  // 0 while the TCP listener is open
   listen_share::Table* share = nullptr;  // shared with fork children (never unmapped)
   bool side = false;
+  bool v6only = false;  // the TCP listener's IPV6_V6ONLY, for a child that takes over
 };
 
 // A listening socket this fork child inherited: its rdma_cm listener is the
-// parent's, and `share` the table the two have in common.
+// parent's, and `share` the table the two have in common. Once the child
+// uses it (accept, epoll), it watches the owner (a pidfd in the thread's
+// epoll set); when the owner exits, the child binds the listener's port
+// itself and becomes the owner (take_over), or, if a sibling was first,
+// watches that one.
 struct InheritedListener {
   Socket* socket;
   listen_share::Table* share;
+  uint16_t tcp_port = 0;
+  sockaddr_storage addr{};
+  bool v6only = false;
+  bool watched = false;      // the child used it: its owner is looked after
+  int owner_fd = -1;         // pidfd of the owner, in g_epfd (kOwnerTag)
+  int32_t owner_pid = 0;     // the owner watched, or found gone
+  uint64_t retry_ns = 0;     // gone, port still taken: try again then
+  uint64_t retry_gap_ns = 0;
 };
 
 // A connection this child accepted on an inherited listener and published
@@ -175,6 +196,9 @@ std::atomic<Registry*> g_reg_ptr{nullptr};
 std::mutex g_loop_mu;
 bool g_hub_serviced_before_fork = false;
 std::atomic<bool> g_thread_up{false};  // the progress thread reached thread_main
+// Inherited listeners (with a share) whose owner nobody watches yet: the
+// accept and epoll_ctl hooks look for them only while this is nonzero.
+std::atomic<int> g_unwatched_inherited{0};
 Registry* reg() {
   Registry* r = g_reg_ptr.load(std::memory_order_acquire);
   if (r) return r;
@@ -403,6 +427,108 @@ void expire_listeners(uint64_t now) {
   }
 }
 
+// ---- an exited listener owner: a preforked worker takes over -----------------
+
+// Under g_mu: stop watching il's owner.
+void unwatch_owner(InheritedListener& il) {
+  if (il.owner_fd < 0) return;
+  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, il.owner_fd, nullptr);
+  sys::close_owned(il.owner_fd);
+  il.owner_fd = -1;
+}
+
+bool try_take_over(size_t i, uint64_t now);
+
+// Under g_mu: watches the process that serves g_inherited_listeners[i]'s
+// rdma_cm listener, or takes over at once if it is gone. May erase entry i.
+void watch_owner(size_t i, uint64_t now) {
+  auto& il = g_inherited_listeners[i];
+  if (!ensure_thread()) return;
+  unwatch_owner(il);
+  il.retry_ns = 0;
+  il.owner_pid = listen_share::owner(il.share);
+  // pidfd_open (Linux 5.3): readable once the process has exited, zombie or not.
+  int pfd = il.owner_pid > 0 ? int(syscall(SYS_pidfd_open, il.owner_pid, 0)) : -1;
+  LOG_DEBUG("TCP port %u: watching the owner of its rdma_cm listener, pid %d (%s)",
+            unsigned(il.tcp_port), int(il.owner_pid), pfd >= 0 ? "alive" : strerror(errno));
+  if (pfd < 0) {
+    // ESRCH: reaped. EINVAL: reaped too, its pid still naming a process
+    // group (a master that made itself one, as daemons do).
+    if (il.owner_pid <= 0 || errno == ESRCH || errno == EINVAL) (void)try_take_over(i, now);
+    return;  // (ENOSYS: an old kernel; the owner is not watched)
+  }
+  il.owner_fd = sys::own_fd(pfd);
+  if (il.owner_fd < 0) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kOwnerTag | uint32_t(il.owner_fd);
+  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, il.owner_fd, &ev);
+}
+
+// Under g_mu: the owner of g_inherited_listeners[i] exited. The first child
+// to bind the listener's rdma_cm port becomes the owner: it matches its own
+// connections' requests there and redirects its siblings' through the same
+// share, as the exited owner did. A sibling that loses the race watches the
+// winner. True if entry i was erased (this process is the owner now).
+bool try_take_over(size_t i, uint64_t now) {
+  auto& il = g_inherited_listeners[i];
+  int32_t cur = listen_share::owner(il.share);
+  if (cur > 0 && cur != il.owner_pid && cur != getpid()) {
+    watch_owner(i, now);  // a sibling took over: watch it
+    return false;
+  }
+  sockaddr_storage raddr = cm_address(il.addr);
+  reinterpret_cast<sockaddr_in*>(&raddr)->sin_port =
+      htons(static_cast<uint16_t>(il.tcp_port + process_config().tunables.port_offset));
+  auto l = transport::Listener::listen(reinterpret_cast<sockaddr*>(&raddr),
+                                       process_config().tunables, 1024, il.v6only);
+  if (!l) {
+    LOG_DEBUG("TCP port %u: its owner (pid %d) exited; cannot take its rdma_cm listener over "
+              "yet: %s", unsigned(il.tcp_port), int(il.owner_pid), strerror(l.error()));
+    // Taken (a sibling's bind, before it names itself), or no resources.
+    il.retry_gap_ns = il.retry_gap_ns ? std::min(il.retry_gap_ns * 2, kTakeOverGapMaxNs)
+                                      : kTakeOverGapNs;
+    il.retry_ns = now + il.retry_gap_ns;
+    return false;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = (*l)->fd();
+  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
+  listen_share::set_owner(il.share, int32_t(getpid()));
+  LOG_INFO("TCP port %u: took over its rdma_cm listener (its owner, pid %d, exited)",
+           unsigned(il.tcp_port), int(il.owner_pid));
+  ListenerEntry e{il.socket, il.tcp_port, std::move(*l), il.addr, 0, il.share};
+  e.v6only = il.v6only;
+  g_listeners.push_back(std::move(e));
+  unwatch_owner(il);
+  g_inherited_listeners.erase(g_inherited_listeners.begin() + long(i));
+  return true;
+}
+
+// Under g_mu: the owner whose pidfd is `fd` exited.
+void owner_exited(int fd, uint64_t now) {
+  for (size_t i = 0; i < g_inherited_listeners.size(); i++) {
+    auto& il = g_inherited_listeners[i];
+    if (il.owner_fd != fd) continue;
+    unwatch_owner(il);
+    (void)try_take_over(i, now);
+    return;
+  }
+}
+
+// Under g_mu: retries of takeovers whose port was taken. True while any waits.
+bool retry_take_overs(uint64_t now) {
+  bool waiting = false;
+  for (size_t i = 0; i < g_inherited_listeners.size();) {
+    auto& il = g_inherited_listeners[i];
+    if (il.retry_ns != 0 && now >= il.retry_ns && try_take_over(i, now)) continue;
+    waiting = waiting || il.retry_ns != 0;
+    i++;
+  }
+  return waiting;
+}
+
 void* thread_main(void*) {
   epoll_event evs[16];
   // Before g_loop_mu: ensure_thread waits for this under g_mu, and fork()
@@ -417,6 +543,7 @@ void* thread_main(void*) {
       uint64_t now = now_ns();
       service_listeners(now);
       expire_listeners(now);
+      bool taking_over = !g_inherited_listeners.empty() && retry_take_overs(now);
       for (size_t i = 0; i < g_streams.size();) {
         Stream* st = g_streams[i];
         if (!g_stream_owner[i]) {
@@ -448,7 +575,7 @@ void* thread_main(void*) {
         }
         i++;
       }
-      busy = busy || !g_requests.empty() ||
+      busy = busy || taking_over || !g_requests.empty() ||
              std::any_of(g_listeners.begin(), g_listeners.end(),
                          [](const ListenerEntry& e) { return e.closed_until_ns != 0; });
     }
@@ -464,6 +591,10 @@ void* thread_main(void*) {
         uint64_t tag = evs[i].data.u64;
         if (tag == kHubTag) {
           hub_ready = true;
+          continue;
+        }
+        if (tag & kOwnerTag) {
+          owner_exited(int(uint32_t(tag)), now_ns());
           continue;
         }
         if (tag & kTcpTag) {
@@ -736,13 +867,36 @@ void listener_started(Socket* s, int fd) {
   sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
   // The share goes to fork children with the listening socket (preforked
   // workers): through it they get the requests of connections they accept.
-  g_listeners.push_back({s, port, std::move(*l), local, 0, listen_share::create()});
+  ListenerEntry e{s, port, std::move(*l), local, 0, listen_share::create()};
+  e.v6only = v6only != 0;
+  listen_share::set_owner(e.share, int32_t(getpid()));
+  g_listeners.push_back(std::move(e));
+}
+
+void listener_in_use(int fd) {
+  if (g_unwatched_inherited.load(std::memory_order_relaxed) == 0) return;
+  SocketRef s = lookup(fd);
+  if (!s) return;
+  std::lock_guard lk(g_mu);
+  for (size_t i = 0; i < g_inherited_listeners.size(); i++) {
+    auto& il = g_inherited_listeners[i];
+    if (il.socket != s.get() || il.share == nullptr || il.watched) continue;
+    il.watched = true;
+    g_unwatched_inherited.fetch_sub(1, std::memory_order_relaxed);
+    watch_owner(i, now_ns());
+    return;
+  }
 }
 
 void socket_released(Socket* s) {
   Stream* st = s->stream();
   std::lock_guard lk(g_mu);
-  std::erase_if(g_inherited_listeners, [&](const InheritedListener& i) { return i.socket == s; });
+  std::erase_if(g_inherited_listeners, [&](InheritedListener& i) {
+    if (i.socket != s) return false;
+    unwatch_owner(i);
+    if (i.share && !i.watched) g_unwatched_inherited.fetch_sub(1, std::memory_order_relaxed);
+    return true;
+  });
   for (auto& e : g_listeners) {
     if (e.socket == s) {
       e.socket = nullptr;
@@ -946,6 +1100,7 @@ void progress_after_fork_child() {
   // rdma_cm listener is whatever it listen()s on itself.
   new (&g_loop_mu) std::mutex();  // held by this thread since before the fork
   g_thread_up.store(false, std::memory_order_relaxed);  // no progress thread here yet
+  g_unwatched_inherited.store(0, std::memory_order_relaxed);
   transport::cm_hub::after_fork_child();
   transport::contexts_after_fork_child();
   Registry* old = g_reg_ptr.load();
@@ -954,11 +1109,16 @@ void progress_after_fork_child() {
   if (!old) return;
   for (auto& e : old->listeners) {
     if (e.listener) e.listener.release()->abandon_after_fork();
-    if (e.socket) fresh->inherited_listeners.push_back({e.socket, e.share});
+    if (e.socket) fresh->inherited_listeners.push_back({e.socket, e.share, e.tcp_port, e.addr, e.v6only});
   }
-  fresh->inherited_listeners.insert(fresh->inherited_listeners.end(),
-                                    old->inherited_listeners.begin(),
-                                    old->inherited_listeners.end());
+  for (const auto& il : old->inherited_listeners) {
+    // The parent's watch is the parent's: this child watches on its own use.
+    if (il.owner_fd >= 0) sys::close_owned(il.owner_fd);
+    fresh->inherited_listeners.push_back({il.socket, il.share, il.tcp_port, il.addr, il.v6only});
+  }
+  int unwatched = 0;
+  for (const auto& il : fresh->inherited_listeners) unwatched += il.share != nullptr;
+  g_unwatched_inherited.store(unwatched, std::memory_order_relaxed);
   for (size_t i = 0; i < old->streams.size(); i++)
     if (old->stream_owner[i]) old->streams[i]->detach_after_fork();
 }

@@ -24,6 +24,11 @@ void listener_started(Socket* s, int fd);
 // The socket is being freed: drop its rdma_cm listener and hand its stream
 // (if any) to the progress thread for an orderly close.
 void socket_released(Socket* s);
+// fd is about to be used as a listener (accept, epoll_ctl ADD): if it is
+// one this fork child inherited, from now on the child watches the process
+// that serves its rdma_cm listener and takes over when that one exits. One
+// relaxed load unless such a listener exists.
+void listener_in_use(int fd);
 
 // The one rule for addresses handed to rdma_cm: an IPv4-mapped IPv6 address
 // (::ffff:a.b.c.d, as dual-stack sockets name IPv4 peers) becomes the plain

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-# prefork.py ADDR -- issue 12 item 1: a preforking server, unmodified in
+# prefork.py ADDR [--master-exits] -- issue 12 item 1: a preforking server, unmodified in
 # shape: a master listens, forks WORKERS workers that accept on the listening
 # socket they inherited, and then only sleeps (signal.pause: sigsuspend).
 # Run preloaded in the RDMA VM (ctest sets LD_PRELOAD). The test process is
 # the client: CONNS concurrent connections, each sending 256 KiB of random
 # bytes (after a pause past the first 64 KiB, so that the upgrade lands
 # mid-stream), half-closing and reading the echo to EOF.
+# --master-exits: the master exits 2 s after forking the workers (the
+# clients start once it is gone): a worker takes its rdma_cm listener over.
 #
 # Asserted: every byte comes back in order; every connection was on RDMA
 # (SOL_RSOCK transport 2) at some point, although the process holding the
@@ -19,6 +21,7 @@ import os, signal, socket, subprocess, sys, threading, time
 from rdma_env import echo_once, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
+MASTER_EXITS = "--master-exits" in sys.argv
 skip_unless_rdma(ADDR)
 WORKERS, CONNS, N = 3, 12, 256 * 1024
 tag = "/tmp/prefork-test.%d" % os.getpid()
@@ -72,6 +75,11 @@ def master(wfd):
         pids.append(pid)
     os.write(wfd, " ".join(map(str, [srv.getsockname()[1]] + pids)).encode())
     os.close(wfd)
+    if MASTER_EXITS:
+        # Once the workers wait in accept() (they watch the master then):
+        # its exit is an event they see, not a state they find.
+        time.sleep(2)
+        os._exit(0)
     reap()
     while True:
         signal.pause()
@@ -92,6 +100,9 @@ port, worker_pids = int(started[0]), set(map(int, started[1:]))
 if port == 0:
     print("prefork: the master did not start")
     sys.exit(1)
+if MASTER_EXITS:
+    os.waitpid(mpid, 0)
+    time.sleep(1)
 
 results, transports = [None] * CONNS, [set() for _ in range(CONNS)]
 arrived, go = threading.Semaphore(0), threading.Event()
@@ -140,7 +151,8 @@ died = []
 if os.path.exists(tag + ".died"):
     died = open(tag + ".died").read().splitlines()
 os.killpg(mpid, signal.SIGKILL)
-os.waitpid(mpid, 0)
+if not MASTER_EXITS:
+    os.waitpid(mpid, 0)
 served = {}
 for name in os.listdir("/tmp"):
     path = "/tmp/" + name
@@ -152,9 +164,9 @@ for name in os.listdir("/tmp"):
 ok = sum(1 for x in results if x is True)
 rdma = sum(1 for t in transports if 2 in t)
 qp_workers = qp_seen & worker_pids
-print("prefork: %d/%d echoes exact, %d/%d connections on RDMA, served per worker %s, "
+print("prefork%s: %d/%d echoes exact, %d/%d connections on RDMA, served per worker %s, "
       "workers with RC QPs in RTS: %d, master with RC QPs: %s"
-      % (ok, CONNS, rdma, CONNS, sorted(served.values()), len(qp_workers), mpid in qp_seen))
+      % (" (master exited)" if MASTER_EXITS else "", ok, CONNS, rdma, CONNS, sorted(served.values()), len(qp_workers), mpid in qp_seen))
 bad = [(i, results[i], sorted(transports[i])) for i in range(CONNS)
        if results[i] is not True or 2 not in transports[i]]
 for b in bad:
