@@ -120,6 +120,11 @@ struct ListenerEntry {
   listen_share::Table* share = nullptr;  // shared with fork children (never unmapped)
   bool side = false;
   bool v6only = false;  // the TCP listener's IPV6_V6ONLY, for a child that takes over
+  // Another listening socket of this process on the same address and port
+  // (SO_REUSEPORT): no rdma_cm listener of its own (the port has one), the
+  // requests of its connections arrive at the first socket's, whose share it
+  // uses. Dropped when the socket closes.
+  bool alias = false;
 };
 
 // A listening socket this fork child inherited: its rdma_cm listener is the
@@ -414,7 +419,8 @@ void drop_listener(size_t i) {
   // Requests held for it go first (they belong to its channel).
   std::erase_if(g_requests,
                 [&](const PendingRequest& r) { return r.via == g_listeners[i].listener.get(); });
-  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, g_listeners[i].listener->fd(), nullptr);
+  if (g_listeners[i].listener)
+    sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, g_listeners[i].listener->fd(), nullptr);
   g_listeners.erase(g_listeners.begin() + long(i));
 }
 
@@ -768,7 +774,9 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
   {
     std::lock_guard lk(g_mu);
     bool has = std::any_of(g_listeners.begin(), g_listeners.end(),
-                           [&](const ListenerEntry& e) { return e.socket == listener && e.listener; });
+                           [&](const ListenerEntry& e) {
+                             return e.socket == listener && (e.listener || e.alias);
+                           });
     if (!has) {
       auto it = std::find_if(g_inherited_listeners.begin(), g_inherited_listeners.end(),
                              [&](const InheritedListener& i) { return i.socket == listener; });
@@ -830,9 +838,21 @@ void listener_started(Socket* s, int fd) {
   for (auto& e : g_listeners)
     if (e.socket == s) return;  // listen() again on the same socket
   uint16_t port = port_of(local);
+  for (auto& e : g_listeners) {
+    // SO_REUSEPORT: a second socket on a port whose rdma_cm listener we hold
+    // (a master opening one socket per worker, as nginx's reuseport does).
+    if (!e.socket || !e.listener || e.side || e.tcp_port != port ||
+        !same_ip(reinterpret_cast<const sockaddr*>(&e.addr), la))
+      continue;
+    ListenerEntry a{s, port, nullptr, local, 0, e.share};
+    a.v6only = e.v6only;
+    a.alias = true;
+    g_listeners.push_back(std::move(a));
+    return;
+  }
   for (size_t i = 0; i < g_listeners.size(); i++) {
     auto& e = g_listeners[i];
-    if (e.socket || e.tcp_port != port) continue;
+    if (e.socket || e.alias || e.tcp_port != port) continue;
     // A lingering rdma_cm listener of a closed TCP listener on this port: the
     // same address is taken over as it is; another one would collide with it.
     if (same_ip(reinterpret_cast<const sockaddr*>(&e.addr), la)) {
@@ -897,14 +917,28 @@ void socket_released(Socket* s) {
     if (i.share && !i.watched) g_unwatched_inherited.fetch_sub(1, std::memory_order_relaxed);
     return true;
   });
-  for (auto& e : g_listeners) {
-    if (e.socket == s) {
-      e.socket = nullptr;
-      e.closed_until_ns =
-          now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
-      poke();  // the thread expires it
+  for (size_t i = 0; i < g_listeners.size(); i++) {
+    auto& e = g_listeners[i];
+    if (e.socket != s) continue;
+    if (e.alias) {
+      g_listeners.erase(g_listeners.begin() + long(i));
       break;
     }
+    // A SO_REUSEPORT sibling still open goes on with the rdma_cm listener.
+    auto sib = std::find_if(g_listeners.begin(), g_listeners.end(), [&](const ListenerEntry& a) {
+      return a.alias && a.tcp_port == e.tcp_port &&
+             same_ip(reinterpret_cast<const sockaddr*>(&a.addr),
+                     reinterpret_cast<const sockaddr*>(&e.addr));
+    });
+    if (sib != g_listeners.end()) {
+      e.socket = sib->socket;
+      g_listeners.erase(sib);
+      break;
+    }
+    e.socket = nullptr;
+    e.closed_until_ns = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+    poke();  // the thread expires it
+    break;
   }
   if (!st) return;
   for (size_t i = 0; i < g_streams.size(); i++) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# prefork.py ADDR [--master-exits] -- issue 12 item 1: a preforking server, unmodified in
+# prefork.py ADDR [--master-exits | --reuseport] -- issue 12 item 1: a preforking server, unmodified in
 # shape: a master listens, forks WORKERS workers that accept on the listening
 # socket they inherited, and then only sleeps (signal.pause: sigsuspend).
 # Run preloaded in the RDMA VM (ctest sets LD_PRELOAD). The test process is
@@ -8,6 +8,9 @@
 # mid-stream), half-closing and reading the echo to EOF.
 # --master-exits: the master exits 2 s after forking the workers (the
 # clients start once it is gone): a worker takes its rdma_cm listener over.
+# --reuseport: the master opens one SO_REUSEPORT listening socket per worker
+# on the same port (nginx's `listen ... reuseport`), each worker accepts on
+# its own; the kernel spreads the connections over them.
 #
 # Asserted: every byte comes back in order; every connection was on RDMA
 # (SOL_RSOCK transport 2) at some point, although the process holding the
@@ -22,6 +25,7 @@ from rdma_env import echo_once, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MASTER_EXITS = "--master-exits" in sys.argv
+REUSEPORT = "--reuseport" in sys.argv
 skip_unless_rdma(ADDR)
 WORKERS, CONNS, N = 3, 12, 256 * 1024
 tag = "/tmp/prefork-test.%d" % os.getpid()
@@ -62,18 +66,23 @@ def reap(*_):
 def master(wfd):
     os.setpgid(0, 0)  # the test kills the whole group at the end
     signal.signal(signal.SIGCHLD, reap)
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind((ADDR, 0))
-    srv.listen(64)
+    socks = []
+    for i in range(WORKERS if REUSEPORT else 1):
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if REUSEPORT:
+            srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        srv.bind((ADDR, socks[0].getsockname()[1] if socks else 0))
+        srv.listen(64)
+        socks.append(srv)
     pids = []
-    for _ in range(WORKERS):
+    for i in range(WORKERS):
         pid = os.fork()
         if pid == 0:
-            worker(srv)
+            worker(socks[i % len(socks)])
             os._exit(0)
         pids.append(pid)
-    os.write(wfd, " ".join(map(str, [srv.getsockname()[1]] + pids)).encode())
+    os.write(wfd, " ".join(map(str, [socks[0].getsockname()[1]] + pids)).encode())
     os.close(wfd)
     if MASTER_EXITS:
         # Once the workers wait in accept() (they watch the master then):
@@ -166,7 +175,8 @@ rdma = sum(1 for t in transports if 2 in t)
 qp_workers = qp_seen & worker_pids
 print("prefork%s: %d/%d echoes exact, %d/%d connections on RDMA, served per worker %s, "
       "workers with RC QPs in RTS: %d, master with RC QPs: %s"
-      % (" (master exited)" if MASTER_EXITS else "", ok, CONNS, rdma, CONNS, sorted(served.values()), len(qp_workers), mpid in qp_seen))
+      % (" (master exited)" if MASTER_EXITS else " (SO_REUSEPORT)" if REUSEPORT else "", ok,
+         CONNS, rdma, CONNS, sorted(served.values()), len(qp_workers), mpid in qp_seen))
 bad = [(i, results[i], sorted(transports[i])) for i in range(CONNS)
        if results[i] is not True or 2 not in transports[i]]
 for b in bad:
