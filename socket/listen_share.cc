@@ -1,10 +1,16 @@
 #include "socket/listen_share.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+
+#include "util/sys.h"
 
 namespace rsock::socket::listen_share {
 
@@ -56,6 +62,25 @@ Table* create() {
   void* p = mmap(nullptr, sizeof(Table), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return nullptr;
   return static_cast<Table*>(p);  // zero-filled: every slot free, generation 0
+}
+
+Table* open_group(const sockaddr* addr, uint16_t port) {
+  uint64_t hi, lo;
+  if (!ip16(addr, &hi, &lo)) return nullptr;
+  char name[96];
+  snprintf(name, sizeof name, "/librsock-rp-%u-%016llx%016llx-%u", unsigned(geteuid()),
+           (unsigned long long)hi, (unsigned long long)lo, unsigned(port));
+  int fd = shm_open(name, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return nullptr;
+  struct stat st{};
+  void* p = MAP_FAILED;
+  // Only a table this user alone can write: another user's would let it
+  // steer our clients' requests.
+  if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && (st.st_mode & 077) == 0 &&
+      (st.st_size >= off_t(sizeof(Table)) || ftruncate(fd, sizeof(Table)) == 0))
+    p = mmap(nullptr, sizeof(Table), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  sys::libc.close(fd);
+  return p == MAP_FAILED ? nullptr : static_cast<Table*>(p);
 }
 
 int publish(Table* t, const sockaddr* client, uint16_t client_port, uint16_t server_port,

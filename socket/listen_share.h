@@ -35,6 +35,14 @@ struct Table;
 // A new, empty table (nullptr without memory). Never unmapped: children may
 // still use it after the owner closed its listener.
 Table* create();
+// The table of a SO_REUSEPORT group: processes that each listen() on one
+// address and port, unrelated by fork, find each other through a named
+// shared-memory object, /dev/shm/librsock-rp-UID-ADDR-PORT (one per user:
+// the kernel groups SO_REUSEPORT sockets of one user only; mode 0600, and
+// refused if another user owns it or others may write it). It stays after
+// the group ends (about 12 KiB; the next group on that port reuses it).
+// nullptr if it cannot be had.
+Table* open_group(const sockaddr* addr, uint16_t port);
 // A child that accepted: publishes the connection for ttl_ns from now_ns
 // (CLOCK_MONOTONIC, the same in every process). Ports in network order,
 // side_port in host order. The slot number, or -1 if the table is full.

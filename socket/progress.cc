@@ -421,6 +421,10 @@ void drop_listener(size_t i) {
                 [&](const PendingRequest& r) { return r.via == g_listeners[i].listener.get(); });
   if (g_listeners[i].listener)
     sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, g_listeners[i].listener->fd(), nullptr);
+  // Children and group members that watch us take the port over now.
+  auto* share = g_listeners[i].share;
+  if (share && !g_listeners[i].alias && listen_share::owner(share) == int32_t(getpid()))
+    listen_share::set_owner(share, 0);
   g_listeners.erase(g_listeners.begin() + long(i));
 }
 
@@ -523,16 +527,21 @@ void owner_exited(int fd, uint64_t now) {
   }
 }
 
-// Under g_mu: retries of takeovers whose port was taken. True while any waits.
-bool retry_take_overs(uint64_t now) {
-  bool waiting = false;
+// Under g_mu, every tick: retries of takeovers whose port was taken, and
+// owners that gave the listener up alive (closed their socket: the table's
+// owner changed or was cleared, drop_listener).
+void retry_take_overs(uint64_t now) {
   for (size_t i = 0; i < g_inherited_listeners.size();) {
     auto& il = g_inherited_listeners[i];
-    if (il.retry_ns != 0 && now >= il.retry_ns && try_take_over(i, now)) continue;
-    waiting = waiting || il.retry_ns != 0;
+    bool gave_up = il.owner_fd >= 0 && listen_share::owner(il.share) != il.owner_pid;
+    if (gave_up) {
+      unwatch_owner(il);
+      if (try_take_over(i, now)) continue;
+    } else if (il.retry_ns != 0 && now >= il.retry_ns && try_take_over(i, now)) {
+      continue;
+    }
     i++;
   }
-  return waiting;
 }
 
 void* thread_main(void*) {
@@ -549,7 +558,8 @@ void* thread_main(void*) {
       uint64_t now = now_ns();
       service_listeners(now);
       expire_listeners(now);
-      bool taking_over = !g_inherited_listeners.empty() && retry_take_overs(now);
+      // (Not busy for it: a retry is 20 ms to 1 s away, the idle tick is 50.)
+      if (!g_inherited_listeners.empty()) retry_take_overs(now);
       for (size_t i = 0; i < g_streams.size();) {
         Stream* st = g_streams[i];
         if (!g_stream_owner[i]) {
@@ -581,7 +591,7 @@ void* thread_main(void*) {
         }
         i++;
       }
-      busy = busy || taking_over || !g_requests.empty() ||
+      busy = busy || !g_requests.empty() ||
              std::any_of(g_listeners.begin(), g_listeners.end(),
                          [](const ListenerEntry& e) { return e.closed_until_ns != 0; });
     }
@@ -873,8 +883,24 @@ void listener_started(Socket* s, int fd) {
   if (raddr.ss_family == AF_INET6 &&
       sys::libc.getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &vl) != 0)
     v6only = 0;
+  int reuse = 0;
+  socklen_t rl = sizeof reuse;
+  bool group = sys::libc.getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &reuse, &rl) == 0 && reuse;
   auto l = transport::Listener::listen(reinterpret_cast<sockaddr*>(&raddr), process_config().tunables,
                                        1024, v6only != 0);
+  if (!l && group && l.error() == EADDRINUSE) {
+    // Another process of this SO_REUSEPORT group holds the port's rdma_cm
+    // listener: like a preforked worker, this one has its connections'
+    // requests redirected to it, through the group's table (and takes the
+    // listener over when that process exits).
+    if (listen_share::Table* t = listen_share::open_group(la, port)) {
+      g_inherited_listeners.push_back({s, t, port, local, v6only != 0});
+      g_unwatched_inherited.fetch_add(1, std::memory_order_relaxed);
+      LOG_DEBUG("TCP port %u: SO_REUSEPORT, another process holds its rdma_cm listener (pid %d)",
+                unsigned(port), int(listen_share::owner(t)));
+      return;
+    }
+  }
   if (!l) {
     LOG_INFO("no rdma_cm listener for TCP port %u (%s): its connections stay on TCP", port,
              strerror(l.error()));
@@ -887,7 +913,9 @@ void listener_started(Socket* s, int fd) {
   sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
   // The share goes to fork children with the listening socket (preforked
   // workers): through it they get the requests of connections they accept.
-  ListenerEntry e{s, port, std::move(*l), local, 0, listen_share::create()};
+  // (A SO_REUSEPORT group's processes share a named one.)
+  listen_share::Table* share = group ? listen_share::open_group(la, port) : nullptr;
+  ListenerEntry e{s, port, std::move(*l), local, 0, share ? share : listen_share::create()};
   e.v6only = v6only != 0;
   listen_share::set_owner(e.share, int32_t(getpid()));
   g_listeners.push_back(std::move(e));

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# prefork.py ADDR [--master-exits | --reuseport] -- issue 12 item 1: a preforking server, unmodified in
+# prefork.py ADDR [--master-exits | --reuseport | --reuseport-each] -- issue 12 item 1: a preforking server, unmodified in
 # shape: a master listens, forks WORKERS workers that accept on the listening
 # socket they inherited, and then only sleeps (signal.pause: sigsuspend).
 # Run preloaded in the RDMA VM (ctest sets LD_PRELOAD). The test process is
@@ -11,6 +11,9 @@
 # --reuseport: the master opens one SO_REUSEPORT listening socket per worker
 # on the same port (nginx's `listen ... reuseport`), each worker accepts on
 # its own; the kernel spreads the connections over them.
+# --reuseport-each: each worker opens its own SO_REUSEPORT socket on the
+# port after the fork (processes that share no librsock state: only the
+# group's named table).
 #
 # Asserted: every byte comes back in order; every connection was on RDMA
 # (SOL_RSOCK transport 2) at some point, although the process holding the
@@ -26,13 +29,28 @@ from rdma_env import echo_once, skip_unless_rdma
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MASTER_EXITS = "--master-exits" in sys.argv
 REUSEPORT = "--reuseport" in sys.argv
+REUSEPORT_EACH = "--reuseport-each" in sys.argv
 skip_unless_rdma(ADDR)
 WORKERS, CONNS, N = 3, 12, 256 * 1024
 tag = "/tmp/prefork-test.%d" % os.getpid()
 
 
-def worker(srv):
+def reuseport_socket(port):
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    srv.bind((ADDR, port))
+    return srv
+
+
+def worker(srv, ready=None):
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    if ready is not None:
+        # (the master's socket reserved the port: bound, never listening)
+        port = srv.getsockname()[1]
+        srv = reuseport_socket(port)
+        srv.listen(64)
+        os.write(ready, b"r")
     def serve(c):
         with c:
             while True:
@@ -68,20 +86,26 @@ def master(wfd):
     signal.signal(signal.SIGCHLD, reap)
     socks = []
     for i in range(WORKERS if REUSEPORT else 1):
-        srv = socket.socket()
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if REUSEPORT:
-            srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        srv.bind((ADDR, socks[0].getsockname()[1] if socks else 0))
-        srv.listen(64)
+        srv = reuseport_socket(socks[0].getsockname()[1] if socks else 0) if REUSEPORT or \
+            REUSEPORT_EACH else socket.socket()
+        if not (REUSEPORT or REUSEPORT_EACH):
+            srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            srv.bind((ADDR, 0))
+        if not REUSEPORT_EACH:
+            srv.listen(64)
         socks.append(srv)
+    rr, rw = os.pipe()
     pids = []
     for i in range(WORKERS):
         pid = os.fork()
         if pid == 0:
-            worker(socks[i % len(socks)])
+            worker(socks[i % len(socks)], rw if REUSEPORT_EACH else None)
             os._exit(0)
         pids.append(pid)
+    if REUSEPORT_EACH:
+        got = b""
+        while len(got) < WORKERS:
+            got += os.read(rr, WORKERS)
     os.write(wfd, " ".join(map(str, [socks[0].getsockname()[1]] + pids)).encode())
     os.close(wfd)
     if MASTER_EXITS:
@@ -175,7 +199,8 @@ rdma = sum(1 for t in transports if 2 in t)
 qp_workers = qp_seen & worker_pids
 print("prefork%s: %d/%d echoes exact, %d/%d connections on RDMA, served per worker %s, "
       "workers with RC QPs in RTS: %d, master with RC QPs: %s"
-      % (" (master exited)" if MASTER_EXITS else " (SO_REUSEPORT)" if REUSEPORT else "", ok,
+      % (" (master exited)" if MASTER_EXITS else " (SO_REUSEPORT)" if REUSEPORT else
+         " (SO_REUSEPORT in each worker)" if REUSEPORT_EACH else "", ok,
          CONNS, rdma, CONNS, sorted(served.values()), len(qp_workers), mpid in qp_seen))
 bad = [(i, results[i], sorted(transports[i])) for i in range(CONNS)
        if results[i] is not True or 2 not in transports[i]]
