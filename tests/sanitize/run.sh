@@ -61,9 +61,12 @@ LD_PRELOAD=\$P $B/tests/multiproc/rsock_fork_after_listen 10.77.0.1 60 > fal.log
 tail -1 fal.log
 # Preforked workers: fork children with their own verbs contexts, the
 # shared listen table, redirects, and vfork (the test samples QPs through
-# Python's subprocess).
-LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=10000 python3 $SRC/tests/multiproc/prefork.py 10.77.0.1 > pf.log 2>&1 || { tail -30 pf.log; echo "FAIL: multiproc prefork"; rc=1; }
-grep -h "^prefork:" pf.log
+# Python's subprocess); a worker taking over from an exited master (pidfd);
+# a SO_REUSEPORT group through its named table.
+for v in "" --master-exits --reuseport-each; do
+  LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=10000 python3 $SRC/tests/multiproc/prefork.py 10.77.0.1 \$v > pf.log 2>&1 || { tail -30 pf.log; echo "FAIL: multiproc prefork \$v"; rc=1; }
+  grep -h "^prefork" pf.log
+done
 # Hostile peers against the transport, itself built with the sanitizers.
 for c in hostile foreign_rkey; do
   $B/tests/rdma/rsock_transport_vmtest \$c > tr.log 2>&1 || { tail -30 tr.log; echo "FAIL: transport \$c"; rc=1; }
