@@ -506,7 +506,7 @@ bool try_take_over(size_t i, uint64_t now) {
   ev.data.fd = (*l)->fd();
   sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
   listen_share::set_owner(il.share, int32_t(getpid()));
-  LOG_INFO("TCP port %u: took over its rdma_cm listener (its owner, pid %d, exited)",
+  LOG_INFO("TCP port %u: took over its rdma_cm listener (its owner, pid %d, exited or closed it)",
            unsigned(il.tcp_port), int(il.owner_pid));
   ListenerEntry e{il.socket, il.tcp_port, std::move(*l), il.addr, 0, il.share};
   e.v6only = il.v6only;

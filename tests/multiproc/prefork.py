@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# prefork.py ADDR [--master-exits | --reuseport | --reuseport-each] -- issue 12 item 1: a preforking server, unmodified in
+# prefork.py ADDR [--master-exits | --master-closes | --reuseport | --reuseport-each] -- issue 12 item 1: a preforking server, unmodified in
 # shape: a master listens, forks WORKERS workers that accept on the listening
 # socket they inherited, and then only sleeps (signal.pause: sigsuspend).
 # Run preloaded in the RDMA VM (ctest sets LD_PRELOAD). The test process is
@@ -8,6 +8,8 @@
 # mid-stream), half-closing and reading the echo to EOF.
 # --master-exits: the master exits 2 s after forking the workers (the
 # clients start once it is gone): a worker takes its rdma_cm listener over.
+# --master-closes: the master closes its listening socket 2 s after forking
+# and goes on sleeping: the listener is given up alive, a worker takes over.
 # --reuseport: the master opens one SO_REUSEPORT listening socket per worker
 # on the same port (nginx's `listen ... reuseport`), each worker accepts on
 # its own; the kernel spreads the connections over them.
@@ -28,6 +30,7 @@ from rdma_env import echo_once, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MASTER_EXITS = "--master-exits" in sys.argv
+MASTER_CLOSES = "--master-closes" in sys.argv
 REUSEPORT = "--reuseport" in sys.argv
 REUSEPORT_EACH = "--reuseport-each" in sys.argv
 skip_unless_rdma(ADDR)
@@ -113,6 +116,10 @@ def master(wfd):
         # its exit is an event they see, not a state they find.
         time.sleep(2)
         os._exit(0)
+    if MASTER_CLOSES:
+        time.sleep(2)
+        for srv in socks:
+            srv.close()
     reap()
     while True:
         signal.pause()
@@ -136,6 +143,10 @@ if port == 0:
 if MASTER_EXITS:
     os.waitpid(mpid, 0)
     time.sleep(1)
+if MASTER_CLOSES:
+    # its close, then its listener's grace (upgrade_timeout_ms, 2 s), then a
+    # tick of the workers
+    time.sleep(5)
 
 results, transports = [None] * CONNS, [set() for _ in range(CONNS)]
 arrived, go = threading.Semaphore(0), threading.Event()
@@ -199,7 +210,7 @@ rdma = sum(1 for t in transports if 2 in t)
 qp_workers = qp_seen & worker_pids
 print("prefork%s: %d/%d echoes exact, %d/%d connections on RDMA, served per worker %s, "
       "workers with RC QPs in RTS: %d, master with RC QPs: %s"
-      % (" (master exited)" if MASTER_EXITS else " (SO_REUSEPORT)" if REUSEPORT else
+      % (" (master exited)" if MASTER_EXITS else " (master closed its socket)" if MASTER_CLOSES else " (SO_REUSEPORT)" if REUSEPORT else
          " (SO_REUSEPORT in each worker)" if REUSEPORT_EACH else "", ok,
          CONNS, rdma, CONNS, sorted(served.values()), len(qp_workers), mpid in qp_seen))
 bad = [(i, results[i], sorted(transports[i])) for i in range(CONNS)
