@@ -455,7 +455,7 @@ void watch_owner(size_t i, uint64_t now) {
   auto& il = g_inherited_listeners[i];
   if (!ensure_thread()) return;
   unwatch_owner(il);
-  il.retry_ns = 0;
+  il.retry_ns = il.retry_gap_ns = 0;
   il.owner_pid = listen_share::owner(il.share);
   // pidfd_open (Linux 5.3): readable once the process has exited, zombie or not.
   int pfd = il.owner_pid > 0 ? int(syscall(SYS_pidfd_open, il.owner_pid, 0)) : -1;

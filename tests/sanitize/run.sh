@@ -51,7 +51,7 @@ for c in revert_client fail_server fork_child fork_parent fdpass; do
   LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=10000 $B/tests/upgrade/rsock_revert \$c 4 > rv.log 2>&1 || { tail -30 rv.log; echo "FAIL: revert \$c"; rc=1; }
   grep -h PASS rv.log
 done
-for c in a_bidirectional_across_switch d_forged_request_upgraded_connection e_forged_request_plain_client; do
+for c in a_bidirectional_across_switch d_forged_request_upgraded_connection e_forged_request_plain_client f_hostile_offer_after_switch f3_hostile_unknown_control_after_switch f4_hostile_tcp_bytes_after_switch; do
   LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=5000 $B/tests/upgrade/rsock_switch_test -tc=\$c > sw.log 2>&1 || { tail -30 sw.log; echo "FAIL: switch \$c"; rc=1; }
   tail -1 sw.log
 done

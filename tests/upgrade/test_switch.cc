@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -625,6 +626,183 @@ static void forged_plain_client(Forger mode) {
   close(s);
   close(l);
 }
+
+// f. A peer that upgrades correctly and then breaks the switch protocol. It is
+// hand-made: its TCP socket is raw (syscalls: librsock never sees it) and it
+// speaks the rendezvous, OFFER/READY and its marker itself through the
+// transport, as librsock's client would. Once the server is on RDMA it sends
+//   kOfferAgain: a second OFFER        kBadLength: an OFFER of 3 bytes
+//   kUnknown:    control type 9        kTcpAfter:  a marker on TCP after the switch
+//   kReadyAgain: a second READY (harmless: the connection goes on)
+// Only that connection may be reset (ECONNRESET at the server's next read);
+// an honest upgraded pair in the same process goes on, on RDMA.
+enum class Hostile { kOfferAgain, kBadLength, kUnknown, kTcpAfter, kReadyAgain };
+
+ssize_t raw(long nr, long a, long b, long c) { return syscall(nr, a, b, c); }
+
+// Raw reads of exactly n bytes (SO_RCVTIMEO bounds each): "" or what failed.
+std::string raw_read_n(int t, void* p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = raw(SYS_read, t, long(static_cast<char*>(p) + got), long(n - got));
+    if (r <= 0) return "raw read at " + std::to_string(got) + ": " + (r == 0 ? "EOF" : strerror(errno));
+    got += size_t(r);
+  }
+  return {};
+}
+
+static void hostile_after_switch(Hostile kind) {
+  alarm(240);
+  Pair honest;
+  upgraded_pair(&honest);
+  uint16_t port = 0;
+  int l = listen_any(&port);
+  REQUIRE(l >= 0);
+  int t = int(raw(SYS_socket, AF_INET, SOCK_STREAM, 0));
+  REQUIRE(t >= 0);
+  sockaddr_in a = addr_of(port);
+  REQUIRE(raw(SYS_connect, t, long(&a), sizeof a) == 0);
+  timeval tv{20, 0};
+  REQUIRE(syscall(SYS_setsockopt, t, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+  sockaddr_in me{};
+  socklen_t ml = sizeof me;
+  REQUIRE(syscall(SYS_getsockname, t, &me, &ml) == 0);
+  int s = accept(l, nullptr, nullptr);
+  REQUIRE(s >= 0);
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+
+  // The rendezvous, in the TCP client's name (right ports, our own cookie).
+  uint64_t mine = random64();
+  Forged f = forge(port, ntohs(me.sin_port), mine, 30);
+  REQUIRE_MESSAGE(f.established, "rendezvous: " << strerror(f.err));
+  wire::RendezvousReply rep{};
+  REQUIRE(f.conn->peer_payload().size() >= sizeof rep);
+  std::memcpy(&rep, f.conn->peer_payload().data(), sizeof rep);
+  // The switch: nothing went over TCP either way, so both offers are 0.
+  uint64_t zero = 0;
+  bool offered = false, ready = false, marker = false;
+  for (auto t0 = Clock::now(); !marker && secs_since(t0) < 20;) {
+    REQUIRE(f.conn->progress().ok());
+    if (!offered)
+      offered = f.conn->send_control(uint8_t(wire::Control::kOffer), std::as_bytes(std::span(&zero, 1))).ok();
+    for (;;) {
+      auto m = f.conn->recv_control();
+      if (!m) break;
+      if (m->type == uint8_t(wire::Control::kOffer))
+        REQUIRE(f.conn->send_control(uint8_t(wire::Control::kReady), {}).ok());
+      if (m->type == uint8_t(wire::Control::kReady)) ready = true;
+    }
+    if (ready) {
+      wire::Marker mk{wire::kMarkerMagic, rep.cookie, 0};
+      REQUIRE(raw(SYS_write, t, long(&mk), sizeof mk) == long(sizeof mk));
+      marker = true;
+    }
+    (void)f.conn->wait(POLLIN, 20);
+  }
+  REQUIRE_MESSAGE(marker, "the server never said READY");
+  wire::Marker theirs{};
+  std::string e = raw_read_n(t, &theirs, sizeof theirs);
+  REQUIRE_MESSAGE(e.empty(), e);
+  CHECK(theirs.magic == wire::kMarkerMagic);
+  CHECK(theirs.cookie == mine);
+  CHECK(theirs.offset == 0);
+  REQUIRE_MESSAGE(wait_rdma(s, 30), "server: " << describe(view_of(s)));
+
+  // Bytes over RDMA, one way: the hand-made peer is real.
+  auto send_rdma = [&](size_t n) {
+    std::vector<char> b(n, 'h');
+    size_t off = 0;
+    for (auto t0 = Clock::now(); off < n && secs_since(t0) < 20;) {
+      iovec v{b.data() + off, n - off};
+      auto r = f.conn->send(std::span(&v, 1));
+      if (r) off += *r;
+      (void)f.conn->progress();
+      if (off < n) (void)f.conn->wait(POLLOUT, 20);
+    }
+    return off == n;
+  };
+  auto read_all = [&](size_t n) {
+    std::vector<char> b(n);
+    size_t got = 0;
+    std::thread pump([&] {  // the peer acknowledges and returns credits
+      for (auto t0 = Clock::now(); got < n && secs_since(t0) < 20;) {
+        (void)f.conn->progress();
+        usleep(1000);
+      }
+    });
+    while (got < n) {
+      ssize_t r = read(s, b.data() + got, n - got);
+      if (r <= 0) break;
+      got += size_t(r);
+    }
+    pump.join();
+    return got == n;
+  };
+  REQUIRE(send_rdma(1000));
+  REQUIRE(read_all(1000));
+
+  switch (kind) {
+    case Hostile::kOfferAgain: {
+      uint64_t n = 4096;
+      CHECK(f.conn->send_control(uint8_t(wire::Control::kOffer), std::as_bytes(std::span(&n, 1))).ok());
+      break;
+    }
+    case Hostile::kBadLength: {
+      std::byte b3[3] = {};
+      CHECK(f.conn->send_control(uint8_t(wire::Control::kOffer), std::span(b3)).ok());
+      break;
+    }
+    case Hostile::kUnknown:
+      CHECK(f.conn->send_control(9, {}).ok());
+      break;
+    case Hostile::kTcpAfter: {
+      wire::Marker mk{wire::kMarkerMagic, rep.cookie, 0};
+      CHECK(raw(SYS_write, t, long(&mk), sizeof mk) == long(sizeof mk));
+      break;
+    }
+    case Hostile::kReadyAgain:
+      CHECK(f.conn->send_control(uint8_t(wire::Control::kReady), {}).ok());
+      break;
+  }
+  if (kind == Hostile::kReadyAgain) {
+    // Ignored: the stream goes on.
+    CHECK(send_rdma(2000));
+    CHECK(read_all(2000));
+    CHECK(view_of(s).transport == 1);
+  } else {
+    // The server resets this connection: its next read says ECONNRESET
+    // (bounded: SO_RCVTIMEO would say EAGAIN after 20 s).
+    std::thread pump([&] {
+      for (auto t0 = Clock::now(); secs_since(t0) < 3;) {
+        (void)f.conn->progress();
+        usleep(1000);
+      }
+    });
+    char b;
+    errno = 0;
+    ssize_t r = read(s, &b, 1);
+    int err = errno;
+    pump.join();
+    MESSAGE("server read after the hostile message: " << r << " (" << strerror(err) << ")");
+    CHECK(r < 0);
+    CHECK(err == ECONNRESET);
+  }
+  // The process and its other connections are unaffected.
+  std::string ex = exchange(honest.c, honest.s, 1 << 20, random64());
+  CHECK_MESSAGE(ex.empty(), ex);
+  CHECK(view_of(honest.c).transport == 1);
+  CHECK(view_of(honest.s).transport == 1);
+  f.conn.reset();
+  close(s);
+  close(l);
+  syscall(SYS_close, t);
+}
+
+TEST_CASE("f_hostile_offer_after_switch") { hostile_after_switch(Hostile::kOfferAgain); }
+TEST_CASE("f2_hostile_bad_length_after_switch") { hostile_after_switch(Hostile::kBadLength); }
+TEST_CASE("f3_hostile_unknown_control_after_switch") { hostile_after_switch(Hostile::kUnknown); }
+TEST_CASE("f4_hostile_tcp_bytes_after_switch") { hostile_after_switch(Hostile::kTcpAfter); }
+TEST_CASE("f5_ready_again_after_switch") { hostile_after_switch(Hostile::kReadyAgain); }
 
 TEST_CASE("e_forged_request_plain_client") { forged_plain_client(Forger::kHonest); }
 TEST_CASE("e2_forged_request_plain_client_offer_behind") { forged_plain_client(Forger::kBehind); }
