@@ -437,6 +437,28 @@ void expire_listeners(uint64_t now) {
   }
 }
 
+// Under g_mu: an rdma_cm listener on `local`'s address and rdma_cm port
+// `rport` (0: the kernel picks), read by the progress thread.
+Status<std::unique_ptr<transport::Listener>> open_cm_listener(const sockaddr_storage& local,
+                                                              uint16_t rport, bool v6only) {
+  sockaddr_storage raddr = cm_address(local);
+  reinterpret_cast<sockaddr_in*>(&raddr)->sin_port = htons(rport);
+  auto l = transport::Listener::listen(reinterpret_cast<sockaddr*>(&raddr),
+                                       process_config().tunables, 1024, v6only);
+  if (!l) return l;
+  if (!ensure_thread()) return Err(EAGAIN);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = (*l)->fd();
+  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
+  return l;
+}
+
+// The rdma_cm port that serves TCP port `tcp_port`.
+uint16_t cm_port_of(uint16_t tcp_port) {
+  return static_cast<uint16_t>(tcp_port + process_config().tunables.port_offset);
+}
+
 // ---- an exited listener owner: a preforked worker takes over -----------------
 
 // Under g_mu: stop watching il's owner.
@@ -487,11 +509,7 @@ bool try_take_over(size_t i, uint64_t now) {
     watch_owner(i, now);  // a sibling took over: watch it
     return false;
   }
-  sockaddr_storage raddr = cm_address(il.addr);
-  reinterpret_cast<sockaddr_in*>(&raddr)->sin_port =
-      htons(static_cast<uint16_t>(il.tcp_port + process_config().tunables.port_offset));
-  auto l = transport::Listener::listen(reinterpret_cast<sockaddr*>(&raddr),
-                                       process_config().tunables, 1024, il.v6only);
+  auto l = open_cm_listener(il.addr, cm_port_of(il.tcp_port), il.v6only);
   if (!l) {
     LOG_DEBUG("TCP port %u: its owner (pid %d) exited; cannot take its rdma_cm listener over "
               "yet: %s", unsigned(il.tcp_port), int(il.owner_pid), strerror(l.error()));
@@ -501,10 +519,6 @@ bool try_take_over(size_t i, uint64_t now) {
     il.retry_ns = now + il.retry_gap_ns;
     return false;
   }
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = (*l)->fd();
-  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
   listen_share::set_owner(il.share, int32_t(getpid()));
   LOG_INFO("TCP port %u: took over its rdma_cm listener (its owner, pid %d, exited or closed it)",
            unsigned(il.tcp_port), int(il.owner_pid));
@@ -755,20 +769,12 @@ uint16_t side_listener_port(const sockaddr_storage& local) {
     if (e.side && same_ip(reinterpret_cast<const sockaddr*>(&e.addr),
                           reinterpret_cast<const sockaddr*>(&local)))
       return e.listener->port();
-  sockaddr_storage raddr = cm_address(local);
-  reinterpret_cast<sockaddr_in*>(&raddr)->sin_port = 0;
-  auto l = transport::Listener::listen(reinterpret_cast<sockaddr*>(&raddr),
-                                       process_config().tunables, 1024, false);
+  auto l = open_cm_listener(local, 0, false);
   if (!l) {
     LOG_INFO("no rdma_cm listener of our own for an inherited listening socket (%s): its "
              "connections stay on TCP", strerror(l.error()));
     return 0;
   }
-  if (!ensure_thread()) return 0;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = (*l)->fd();
-  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
   uint16_t port = (*l)->port();
   ListenerEntry e{nullptr, 0, std::move(*l), local, 0};
   e.side = true;
@@ -873,21 +879,17 @@ void listener_started(Socket* s, int fd) {
     drop_listener(i);
     break;
   }
-  sockaddr_storage raddr = cm_address(local);
-  reinterpret_cast<sockaddr_in*>(&raddr)->sin_port =
-      htons(static_cast<uint16_t>(port + process_config().tunables.port_offset));
   // An AF_INET6 wildcard serves IPv4 clients too unless the socket is
   // IPV6_V6ONLY: the rdma_cm listener then takes IPv6 requests only.
   int v6only = 0;
   socklen_t vl = sizeof v6only;
-  if (raddr.ss_family == AF_INET6 &&
+  if (cm_address(local).ss_family == AF_INET6 &&
       sys::libc.getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &vl) != 0)
     v6only = 0;
   int reuse = 0;
   socklen_t rl = sizeof reuse;
   bool group = sys::libc.getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &reuse, &rl) == 0 && reuse;
-  auto l = transport::Listener::listen(reinterpret_cast<sockaddr*>(&raddr), process_config().tunables,
-                                       1024, v6only != 0);
+  auto l = open_cm_listener(local, cm_port_of(port), v6only != 0);
   if (!l && group && l.error() == EADDRINUSE) {
     // Another process of this SO_REUSEPORT group holds the port's rdma_cm
     // listener: like a preforked worker, this one has its connections'
@@ -906,11 +908,6 @@ void listener_started(Socket* s, int fd) {
              strerror(l.error()));
     return;
   }
-  if (!ensure_thread()) return;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = (*l)->fd();
-  sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, (*l)->fd(), &ev);
   // The share goes to fork children with the listening socket (preforked
   // workers): through it they get the requests of connections they accept.
   // (A SO_REUSEPORT group's processes share a named one.)
