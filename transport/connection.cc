@@ -229,7 +229,14 @@ void Connection::fill_setup(wire::SetupBlock* b, wire::SetupKind kind,
                             std::span<const std::byte> payload) const {
   std::memset(b, 0, sizeof *b);
   b->magic = wire::kMagic;
-  b->version = wire::kWireVersion;
+  // A request offers our range; an accept names the version chosen from the
+  // request's range (parse_setup stored it in peer_).
+  if (kind == wire::SetupKind::kRequest) {
+    b->version = wire::kWireMinVersion;
+    b->max_version = wire::kWireVersion;
+  } else {
+    b->version = peer_.wire_version;
+  }
   b->kind = static_cast<uint8_t>(kind);
   b->payload_len = static_cast<uint8_t>(payload.size());
   b->ring_addr = reinterpret_cast<uintptr_t>(rx_ring_);

@@ -1,4 +1,4 @@
-// Wire format of the librsock RDMA transport (version 1). docs/wire-format.md
+// Wire format of the librsock RDMA transport (version 1, negotiated). docs/wire-format.md
 // has the same description with rationale; keep the two in sync.
 //
 // Connection setup (rdma_cm, RDMA_PS_TCP). The private data of the connect
@@ -7,14 +7,17 @@
 //
 //   off size field
 //     0  4   magic        0x4b535231 ("1RSK" in memory order)
-//     4  1   version      kWireVersion (1)
+//     4  1   version      request: the lowest wire version the sender speaks
+//                         (kWireMinVersion); accept: the version chosen
 //     5  1   kind         1 = request, 2 = accept, 3 = reject
 //     6  1   payload_len  0..32 bytes of opaque payload that follow at offset 24
 //     7  1   reason       reject reason (RejectReason), 0 otherwise
 //     8  8   ring_addr    virtual address of the sender's receive ring
 //    16  4   ring_rkey    rkey of that ring (REMOTE_WRITE, nothing else)
 //    20  1   ring_log2    ring size = 1 << ring_log2 (12..28)
-//    21  1   reserved     0
+//    21  1   max_version  request: the highest wire version the sender speaks
+//                         (kWireVersion); 0 = the same as `version` (0.1.0
+//                         sends 0); accept and reject: 0
 //    22  2   recv_slots   receive WRs the sender keeps posted for this peer
 //    24  32  payload      opaque, for the socket layer's upgrade handshake
 //
@@ -57,6 +60,10 @@
 namespace rsock::transport::wire {
 
 inline constexpr uint32_t kMagic = 0x4b535231;
+// The wire versions this build speaks. The accepting end picks the highest
+// one both ends speak (negotiate_wire) and says it in its accept; a request
+// with none in common is rejected with kBadVersion (docs/VERSIONS.md).
+inline constexpr uint8_t kWireMinVersion = 1;
 inline constexpr uint8_t kWireVersion = 1;
 inline constexpr size_t kMaxPayload = 32;          // opaque setup payload
 inline constexpr size_t kSetupHeaderBytes = 24;    // SetupBlock without payload
@@ -104,7 +111,7 @@ struct SetupBlock {
   uint64_t ring_addr;
   uint32_t ring_rkey;
   uint8_t ring_log2;
-  uint8_t reserved;
+  uint8_t max_version;
   uint16_t recv_slots;
   uint8_t payload[kMaxPayload];
 };
@@ -135,6 +142,7 @@ static_assert(sizeof(CreditBlock) == 16);
 
 // Result of parsing a peer's setup block (request or accept).
 struct PeerSetup {
+  uint8_t wire_version = 0;  // request: the one chosen for it; accept: the peer's choice
   uint64_t ring_addr = 0;
   uint32_t ring_rkey = 0;
   uint32_t ring_bytes = 0;
@@ -143,21 +151,36 @@ struct PeerSetup {
   uint8_t payload[kMaxPayload] = {};
 };
 
+// The highest wire version in both [lo, hi] (a request's range; hi 0 = lo)
+// and this build's [kWireMinVersion, kWireVersion]; 0 if there is none.
+constexpr uint8_t negotiate_wire(uint8_t lo, uint8_t hi) {
+  if (hi == 0) hi = lo;
+  if (lo == 0 || hi < lo) return 0;
+  uint8_t top = hi < kWireVersion ? hi : kWireVersion;
+  uint8_t bottom = lo > kWireMinVersion ? lo : kWireMinVersion;
+  return top >= bottom ? top : 0;
+}
+
 // Validates every field; on failure returns the reason to reject with.
 // `len` is the private data length the CM reported (may include CM padding).
+// A request's version range is negotiated; an accept must carry a version
+// this build speaks (the one the peer chose from our range).
 inline RejectReason parse_setup(const void* data, size_t len, SetupKind expect,
                                 PeerSetup* out) {
   SetupBlock b{};
   if (data == nullptr || len < kSetupHeaderBytes) return RejectReason::kBadMagic;
   std::memcpy(&b, data, len < sizeof b ? len : sizeof b);
   if (b.magic != kMagic) return RejectReason::kBadMagic;
-  if (b.version != kWireVersion) return RejectReason::kBadVersion;
+  uint8_t v = expect == SetupKind::kRequest ? negotiate_wire(b.version, b.max_version)
+                                            : negotiate_wire(b.version, b.version);
+  if (v == 0) return RejectReason::kBadVersion;
   if (b.kind != static_cast<uint8_t>(expect)) return RejectReason::kBadSetup;
   if (b.payload_len > kMaxPayload || kSetupHeaderBytes + b.payload_len > len)
     return RejectReason::kBadSetup;
   if (b.ring_log2 < kMinRingLog2 || b.ring_log2 > kMaxRingLog2) return RejectReason::kBadSetup;
   if (b.recv_slots < 2 || b.recv_slots > kMaxRecvSlots) return RejectReason::kBadSetup;
   if (b.ring_addr == 0) return RejectReason::kBadSetup;
+  out->wire_version = v;
   out->ring_addr = b.ring_addr;
   out->ring_rkey = b.ring_rkey;
   out->ring_bytes = 1u << b.ring_log2;

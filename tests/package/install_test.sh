@@ -137,10 +137,13 @@ rsock=$root/bin/rsock
 want_lib=$(readlink -f "$lib")
 layout=$(sed -n 's/.*kLayoutVersion = \([0-9]*\);.*/\1/p' "$src/util/stats_layout.h")
 wire=$(sed -n 's/.*kWireVersion = \([0-9]*\);.*/\1/p' "$src/transport/wire.h")
+wire_min=$(sed -n 's/.*kWireMinVersion = \([0-9]*\);.*/\1/p' "$src/transport/wire.h")
 rdv=$(sed -n 's/.*kRendezvousVersion = \([0-9]*\);.*/\1/p' "$src/socket/upgrade_wire.h")
+rdv_min=$(sed -n 's/.*kRendezvousMinVersion = \([0-9]*\);.*/\1/p' "$src/socket/upgrade_wire.h")
 out=$("$rsock" version 2>&1); rc=$?
 if [ $rc = 0 ] && has "$out" "rsock $version (librsock $version)" && has "$out" "library:       $want_lib" &&
-   has "$out" "stats layout:  $layout " && has "$out" "wire format:   $wire " && has "$out" "rendezvous:    $rdv "; then
+   has "$out" "stats layout:  $layout " && has "$out" "wire format:   $wire " && has "$out" "rendezvous:    $rdv " &&
+   has "$out" "$wire_min..$wire spoken, negotiated" && has "$out" "$rdv_min..$rdv spoken, negotiated"; then
   pass "rsock version"
 else
   fail "rsock version (exit $rc): $out"
@@ -175,7 +178,7 @@ has "$out" "library:       $(readlink -f "$build/librsock.so")" && pass "build-t
   || fail "build-tree rsock: $out"
 out=$("$src/tools/rsock" version 2>&1)
 has "$out" "rsock $version (librsock $version)" && has "$out" "wire format:   $wire " \
-  && pass "source-tree tools/rsock reads the versions from the sources" || fail "source-tree tools/rsock version: $out"
+  && has "$out" "$wire_min..$wire spoken, negotiated" && pass "source-tree tools/rsock reads the versions from the sources" || fail "source-tree tools/rsock version: $out"
 
 # rsock doctor: exit 1 and says so when there is no RDMA device.
 out=$("$rsock" doctor 2>&1); rc=$?

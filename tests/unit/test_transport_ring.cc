@@ -180,6 +180,41 @@ TEST_CASE("transport wire: setup block parse and validation") {
   CHECK(w::parse_setup(nullptr, 56, w::SetupKind::kRequest, &p) == w::RejectReason::kBadMagic);
 }
 
+TEST_CASE("transport wire: the wire version is negotiated, highest common one") {
+  // A range [lo, hi] (hi 0 = lo, what 0.1.0 sends) against ours.
+  CHECK(w::negotiate_wire(w::kWireMinVersion, 0) == w::kWireMinVersion);
+  CHECK(w::negotiate_wire(w::kWireMinVersion, w::kWireVersion) == w::kWireVersion);
+  CHECK(w::negotiate_wire(1, 250) == w::kWireVersion);  // a newer peer that still speaks ours
+  CHECK(w::negotiate_wire(w::kWireVersion + 1, 250) == 0);  // only newer versions
+  CHECK(w::negotiate_wire(0, 0) == 0);
+  CHECK(w::negotiate_wire(3, 2) == 0);  // an empty range
+
+  // A request from a newer peer with an overlapping range parses and records
+  // the choice; the accept the passive side then builds names it.
+  auto b = good_block();
+  b.version = 1;
+  b.max_version = 250;
+  w::PeerSetup p;
+  REQUIRE(w::parse_setup(&b, 56, w::SetupKind::kRequest, &p) == w::RejectReason::kNone);
+  CHECK(p.wire_version == w::kWireVersion);
+  // A request that speaks only newer versions is rejected as kBadVersion.
+  b.version = w::kWireVersion + 1;
+  b.max_version = w::kWireVersion + 3;
+  CHECK(w::parse_setup(&b, 56, w::SetupKind::kRequest, &p) == w::RejectReason::kBadVersion);
+
+  // An accept must name one version we speak; its max_version is ignored.
+  auto a = good_block();
+  a.kind = static_cast<uint8_t>(w::SetupKind::kAccept);
+  a.version = w::kWireVersion;
+  a.max_version = 7;
+  CHECK(w::parse_setup(&a, 56, w::SetupKind::kAccept, &p) == w::RejectReason::kNone);
+  CHECK(p.wire_version == w::kWireVersion);
+  a.version = w::kWireVersion + 1;
+  CHECK(w::parse_setup(&a, 56, w::SetupKind::kAccept, &p) == w::RejectReason::kBadVersion);
+  a.version = 0;
+  CHECK(w::parse_setup(&a, 56, w::SetupKind::kAccept, &p) == w::RejectReason::kBadVersion);
+}
+
 TEST_CASE("transport wire: reject reason and immediates") {
   w::SetupBlock r{};
   r.magic = w::kMagic;
