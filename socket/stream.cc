@@ -305,10 +305,29 @@ bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why, bool repo
     staging_.resize(old + got);
     rx_rdma += got;
   }
+  uint64_t resume = rx_limit_ + rx_rdma;
+  // Hand-off with bytes of the peer's TCP phase still staged (drained to
+  // reach its marker, never read): they must not stay in this process's
+  // memory. A peer of rendezvous 4 takes them back after our record and
+  // sends them again (staging is read before any RDMA byte, so these are
+  // exactly the bytes before rx_limit_). Older peers cannot: they stay here.
+  size_t unread = staging_.size() - staging_off_;
+  if (mode == RevertMode::kHandOff && unread > 0 && version_ >= wire::kReturnVersion &&
+      rx_rdma == 0 && unread <= rx_limit_ && unread <= wire::kMaxReturnBytes) {
+    resume -= unread;
+    return_out_.swap(staging_);  // no copy: the staged bytes are ours to write now
+    return_out_off_ = staging_off_;
+    staging_off_ = 0;
+    staging_.clear();
+  } else {
+    return_out_.clear();
+    return_out_off_ = 0;
+  }
   tx_sent_abs_ = tcp_tx_ + conn_->tx_position();
-  down_out_ = {wire::kDownMagic, peer_cookie_, rx_limit_ + rx_rdma, tx_sent_abs_};
+  down_out_ = {wire::kDownMagic, peer_cookie_, resume, tx_sent_abs_};
   down_out_off_ = down_in_got_ = 0;
-  down_done_ = false;
+  down_done_ = down_parsed_ = false;
+  return_in_need_ = return_in_got_ = 0;
   conn_->abort();  // nothing more goes out on RDMA; its send ring stays readable
   set_phase(Phase::kReverting);
   deadline_ns_ = now_ns() + kRevertTimeoutNs;
@@ -334,6 +353,8 @@ void Stream::finish_revert_peer_gone(const char* why) {
   conn_.reset();
   down_done_ = true;
   down_out_off_ = sizeof down_out_;
+  return_out_.clear();  // nobody is left to send them again
+  return_out_off_ = 0;
   offer_sent_ = offer_rcvd_ = verified_ = false;
   if (staging_.size() > staging_off_) plain_when_drained_ = true;
   else set_phase(Phase::kPlain);
@@ -352,7 +373,23 @@ bool Stream::advance_revert() {
       break_connection(ECONNRESET, "TCP failed inside the reverse switch record");
       return true;
   }
-  if (!down_done_) {
+  if (down_out_off_ == sizeof down_out_ && return_out_off_ < return_out_.size()) {
+    // Our returned bytes follow our record at once: the peer reads exactly
+    // as many as its tcp_tx_ minus our resume.
+    switch (write_record(return_out_.data(), return_out_.size(), &return_out_off_)) {
+      case RecordIo::kDone:
+        return_out_.clear();
+        return_out_.shrink_to_fit();
+        return_out_off_ = 0;
+        break;
+      case RecordIo::kAgain: break;
+      case RecordIo::kClosed:
+      case RecordIo::kBroken:
+        break_connection(ECONNRESET, "TCP failed while returning the peer's unread bytes");
+        return true;
+    }
+  }
+  if (!down_done_ && !down_parsed_) {
     switch (read_record(&down_in_, sizeof down_in_, &down_in_got_)) {
       case RecordIo::kDone:
       case RecordIo::kAgain: break;
@@ -372,10 +409,16 @@ bool Stream::advance_revert() {
       return switch_state() != before;
     }
     // The peer's record: it must come from the peer that owns this stream,
-    // and ask only for bytes we still hold.
+    // and ask only for bytes we still hold, or (rendezvous 4) for bytes of
+    // our TCP phase it returns right after the record: then it cannot have
+    // consumed any of our RDMA bytes.
     const uint64_t lo = tcp_tx_ + conn_->retained_from();
+    uint64_t returned = 0;
+    if (down_in_.resume < lo && version_ >= wire::kReturnVersion && conn_->retained_from() == 0 &&
+        tcp_tx_ - down_in_.resume <= wire::kMaxReturnBytes)
+      returned = tcp_tx_ - down_in_.resume;
     if (down_in_.magic != wire::kDownMagic || down_in_.cookie != my_cookie_ ||
-        down_in_.resume < lo || down_in_.resume > tx_sent_abs_) {
+        (down_in_.resume < lo && returned == 0) || down_in_.resume > tx_sent_abs_) {
       break_connection(ECONNRESET, "bad reverse switch record from the peer");
       return true;
     }
@@ -385,8 +428,32 @@ bool Stream::advance_revert() {
         break_connection(ENOMEM, "no memory for the bytes to resend");
         return true;
       }
-      conn_->copy_sent(down_in_.resume - tcp_tx_, backlog_->data(), n);
+      // The returned bytes go first (read below), then the send ring's.
+      uint64_t from = down_in_.resume + returned;
+      conn_->copy_sent(from - tcp_tx_, backlog_->data() + returned, n - returned);
       if (slot_) slot_->add_tx(stats::Transport::kTcp, n);
+    }
+    return_in_need_ = returned;
+    return_in_got_ = 0;
+    down_parsed_ = true;
+  }
+  if (!down_done_ && down_parsed_) {
+    if (return_in_got_ < return_in_need_) {
+      switch (read_record(backlog_->data(), return_in_need_, &return_in_got_)) {
+        case RecordIo::kDone:
+        case RecordIo::kAgain: break;
+        case RecordIo::kClosed:
+        case RecordIo::kBroken:
+          break_connection(ECONNRESET, "TCP failed inside the bytes the peer returned");
+          return true;
+      }
+      if (return_in_got_ < return_in_need_) {
+        if (now_ns() > deadline_ns_) {
+          break_connection(ECONNRESET, "the peer did not return its unread bytes");
+          return true;
+        }
+        return switch_state() != before;
+      }
     }
     conn_.reset();  // aborted: destroyed at once
     down_done_ = true;
@@ -397,11 +464,14 @@ bool Stream::advance_revert() {
     tcp_tx_ = tx_sent_abs_;
     tcp_rx_ = down_out_.resume;
   }
-  if (backlog_ != nullptr) {
+  // The backlog follows our record and returned bytes, and is complete only
+  // once the peer's returned bytes are in (down_done_).
+  if (backlog_ != nullptr && down_done_ && down_out_off_ == sizeof down_out_ &&
+      return_out_off_ == return_out_.size()) {
     int err = 0;
     if (backlog_->flush(tcp_fd_, &err)) Backlog::release(std::exchange(backlog_, nullptr));
   }
-  if (down_out_off_ == sizeof down_out_ && backlog_ == nullptr) {
+  if (down_done_ && !revert_out_pending()) {
     // The FIN (shutdown(SHUT_WR) while on RDMA) follows the last byte again.
     if (wr_shut_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
     if (staging_.size() > staging_off_) plain_when_drained_ = true;
@@ -438,18 +508,18 @@ void Stream::start_hand_off(bool at_exit, stats::FallbackReason why) {
 bool Stream::hand_off(uint64_t deadline_ns, stats::FallbackReason why) {
   std::unique_lock lk(mu_);
   if (phase() == Phase::kRdma) revert_locked(RevertMode::kHandOff, why);
-  while (phase() == Phase::kReverting && !(down_done_ && backlog_ == nullptr)) {
+  while (phase() == Phase::kReverting && !revert_settled()) {
     (void)advance_revert();
-    if (phase() != Phase::kReverting || (down_done_ && backlog_ == nullptr)) break;
+    if (phase() != Phase::kReverting || revert_settled()) break;
     if (now_ns() > deadline_ns) break;
-    pollfd pf{tcp_fd_, short(down_done_ ? POLLOUT : POLLIN), 0};
+    pollfd pf{tcp_fd_, short((down_done_ ? 0 : POLLIN) | (revert_out_pending() ? POLLOUT : 0)), 0};
     lk.unlock();
     sys::libc.poll(&pf, 1, 5);
     lk.lock();
   }
   Phase p = phase();
   bool ok = p == Phase::kPlain || p == Phase::kBroken || p == Phase::kPending ||
-            (p == Phase::kReverting && down_done_);
+            (p == Phase::kReverting && down_done_ && return_out_off_ == return_out_.size());
   lk.unlock();
   wake();
   return ok;
@@ -874,7 +944,7 @@ void Stream::detach_after_fork() {
   (void)conn_.release();                     // the parent's; never touched here
   if (phase() == Phase::kPending) {
     set_phase(Phase::kPlain);
-  } else if (phase() == Phase::kReverting && down_done_) {
+  } else if (phase() == Phase::kReverting && down_done_ && return_out_off_ == return_out_.size()) {
     // Handed off before fork (progress_before_fork): nothing of it is in
     // RDMA state any more; the backlog, if any, is shared with the parent.
   } else if (phase() != Phase::kPlain) {
@@ -939,8 +1009,7 @@ bool Stream::linger_done() {
   if (phase() == Phase::kReverting) {
     // Finish the reverse switch: the backlog is the application's data.
     advance_revert();
-    if (phase() == Phase::kReverting && !(down_done_ && !backlog_))
-      return now_ns() > linger_deadline_ns_;
+    if (phase() == Phase::kReverting && !revert_settled()) return now_ns() > linger_deadline_ns_;
     return true;
   }
   Phase p = phase();

@@ -250,7 +250,16 @@ class Stream {
     return std::tuple(staging_.size() - staging_off_, tcp_tx_, tcp_rx_, offer_sent_, ready_rcvd_,
                       out_marker_off_, offer_rcvd_, ready_sent_, verified_, in_marker_got_,
                       tcp_eof_, rdma_dead_, plain_when_drained_, down_out_off_, down_in_got_,
-                      down_done_, backlog_ != nullptr);
+                      down_done_, backlog_ != nullptr, return_out_off_, return_in_got_);
+  }
+  // Our side of the reverse switch is written (record, returned bytes,
+  // backlog) and the peer's record is in: new bytes may follow on TCP.
+  bool revert_settled() const {
+    return down_done_ && backlog_ == nullptr && return_out_off_ == return_out_.size();
+  }
+  bool revert_out_pending() const {
+    return down_out_off_ < sizeof down_out_ || return_out_off_ < return_out_.size() ||
+           backlog_ != nullptr;
   }
 
   std::mutex mu_;
@@ -303,9 +312,18 @@ class Stream {
   size_t down_out_off_ = 0;
   wire::DownRecord down_in_{};
   size_t down_in_got_ = 0;
-  bool down_done_ = false;      // the peer's DOWN is in: TCP carries both directions
+  bool down_done_ = false;      // the peer's DOWN (and returned bytes) in: TCP carries both ways
   uint64_t tx_sent_abs_ = 0;    // our stream bytes when the revert began
   Backlog* backlog_ = nullptr;  // to resend on TCP before new data
+  // Returned bytes (rendezvous 4, hand-off mode): the peer's pre-switch TCP
+  // bytes we drained to reach its marker and the application never read go
+  // back to it right after our DOWN, and it sends them again in its backlog,
+  // so they reach whichever process has the socket next. return_out_: ours
+  // to write; return_in_*: the peer's, read into the front of backlog_.
+  std::vector<std::byte> return_out_;
+  size_t return_out_off_ = 0;
+  bool down_parsed_ = false;    // the peer's DOWN is checked, its returned bytes follow
+  size_t return_in_need_ = 0, return_in_got_ = 0;
   uint64_t linger_deadline_ns_ = 0;
 };
 

@@ -149,7 +149,7 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
   if (p == Phase::kBroken) return Err(err_ ? report_error() : EPIPE);
   if (wr_shut_) return Err(EPIPE);
   // Switching back: new bytes only after the peer's record and our backlog.
-  if (p == Phase::kReverting && (!down_done_ || backlog_ != nullptr)) return Err(EAGAIN);
+  if (p == Phase::kReverting && !revert_settled()) return Err(EAGAIN);
   if (tcp_tx_open()) {
     msghdr mh{};
     mh.msg_iov = const_cast<iovec*>(iov.data());
@@ -298,7 +298,7 @@ Status<size_t> Stream::send_room() {
   if (p == Phase::kPlain) return Err(kRedoPlain);
   if (p == Phase::kBroken) return Err(err_ ? report_error() : EPIPE);
   if (wr_shut_) return Err(EPIPE);
-  if (p == Phase::kReverting && (!down_done_ || backlog_ != nullptr)) return size_t{0};
+  if (p == Phase::kReverting && !revert_settled()) return size_t{0};
   if (tcp_tx_open()) {
     // The kernel socket's free send space, roughly (SO_SNDBUF counts
     // overhead too: half of it is payload); a send that takes less is
@@ -393,7 +393,7 @@ int Stream::wait_fds(short interest, pollfd* out) {
              (phase() == Phase::kSwitching && (offer_rcvd_ || ready_rcvd_));
   if (phase() == Phase::kReverting && tcp_fd_ >= 0) {
     // The peer's record (POLLIN), our record and backlog (POLLOUT).
-    bool out_pending = down_out_off_ < sizeof down_out_ || backlog_ != nullptr;
+    bool out_pending = revert_out_pending();
     out[n++] = {tcp_fd_, short(interest | POLLIN | POLLRDHUP | (out_pending ? POLLOUT : 0)), 0};
     tcp = false;
   }

@@ -44,10 +44,16 @@
 namespace rsock::socket::wire {
 
 inline constexpr uint32_t kRendezvousMagic = 0x50555352;  // "RSUP"
-inline constexpr uint8_t kRendezvousVersion = 3;     // the highest we speak
+inline constexpr uint8_t kRendezvousVersion = 4;     // the highest we speak
 inline constexpr uint8_t kRendezvousMinVersion = 1;  // the lowest we speak
 inline constexpr uint8_t kRevertVersion = 2;         // the first with the reverse switch
 inline constexpr uint8_t kRedirectVersion = 3;       // the first that follows a redirect
+inline constexpr uint8_t kReturnVersion = 4;         // the first that returns unread TCP bytes
+// The most of its own pre-switch TCP bytes a peer may ask us to send again
+// (a DOWN record's `resume` below our switch offset). They are what the
+// peer's librsock drained from its kernel socket to reach our marker and the
+// application had not read: at most the kernel's socket buffers (a few MiB).
+inline constexpr uint64_t kMaxReturnBytes = 64ull << 20;
 inline constexpr uint64_t kMarkerMagic = 0x31575348434f5352ull;  // "RSOCKSW1" little-endian
 
 struct RendezvousRequest {

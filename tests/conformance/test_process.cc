@@ -112,6 +112,30 @@ TEST_CASE("fork: a connection upgraded before fork() goes on in the child, the p
   if (expect_rdma()) CHECK(transport_of(p.server) == 0);  // back on TCP, no error
 }
 
+TEST_CASE("fork: bytes that arrived before the upgrade, unread at fork(), reach the child") {
+  Pair p = connected_pair(AF_INET, /*await_upgrade=*/false);
+  REQUIRE(write_all(p.server, "before", 6) == 6);  // on TCP, ahead of the switch
+  if (expect_rdma()) await_rdma(p);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    char b[8];
+    if (read_exact(p.client, b, 6) != 6 || memcmp(b, "before", 6) != 0) _exit(2);
+    if (write_all(p.client, "child", 5) != 5) _exit(3);
+    _exit(0);
+  }
+  REQUIRE(p.client.reset() == 0);
+  char b[8];
+  REQUIRE(read_exact(p.server, b, 5) == 5);
+  CHECK(memcmp(b, "child", 5) == 0);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  bool eof = false;
+  read_to_eof(p.server, nullptr, &eof);
+  CHECK(eof);
+}
+
 TEST_CASE("fork: a connection upgraded before fork() goes on in the parent, the child closes") {
   Pair p = connected_pair();
   REQUIRE(write_all(p.server, "before", 6) == 6);
@@ -137,7 +161,12 @@ TEST_CASE("fork: a connection upgraded before fork() goes on in the parent, the 
   }
 }
 
-TEST_CASE("fd passing: a connection upgraded before it is sent goes on in the receiver") {
+// The sender hands the connection over with "before" unread. `early`: the
+// bytes are written before the upgrade, so they travel on TCP ahead of the
+// switch and librsock has already drained them from the kernel socket into
+// its own memory to reach the peer's marker; the hand-off must return them
+// to the peer, which sends them again (docs/DESIGN.md, "The reverse switch").
+static void pass_connection_unread(bool early) {
   int us[2];
   REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, us) == 0);
   Fd a(us[0]), w(us[1]);
@@ -165,8 +194,9 @@ TEST_CASE("fd passing: a connection upgraded before it is sent goes on in the re
     _exit(0);
   }
   w.reset();
-  Pair p = connected_pair();
+  Pair p = connected_pair(AF_INET, /*await_upgrade=*/!early);
   REQUIRE(write_all(p.server, "before", 6) == 6);
+  if (early && expect_rdma()) await_rdma(p);
   char d = 'x';
   iovec v{&d, 1};
   alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
@@ -192,6 +222,14 @@ TEST_CASE("fd passing: a connection upgraded before it is sent goes on in the re
   int status = wait_child(pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("fd passing: a connection upgraded before it is sent goes on in the receiver") {
+  pass_connection_unread(false);
+}
+
+TEST_CASE("fd passing: bytes that arrived before the upgrade, unread, reach the receiver") {
+  pass_connection_unread(true);
 }
 
 TEST_CASE("fork: a child accepting on an inherited listener (preforking server)") {
@@ -362,6 +400,29 @@ TEST_CASE("exec: a posix_spawn'ed program talks over an inherited upgraded conne
   REQUIRE(write_all(p.client, "parent", 6) == 6);
   REQUIRE(read_exact(p.server, b, 6) == 6);
   CHECK(memcmp(b, "parent", 6) == 0);
+}
+
+// Bytes that came on TCP ahead of the switch and that the program never
+// read are in librsock's memory (drained to reach the peer's marker): the
+// exec'd program must still read them from the socket it inherits.
+TEST_CASE("exec: a posix_spawn'ed program reads bytes that arrived before the upgrade") {
+  Pair p = connected_pair(AF_INET, /*await_upgrade=*/false);
+  REQUIRE(write_all(p.server, "early\n", 6) == 6);  // on TCP, ahead of the switch
+  if (expect_rdma()) await_rdma(p);
+  posix_spawn_file_actions_t fa;
+  REQUIRE(posix_spawn_file_actions_init(&fa) == 0);
+  REQUIRE(posix_spawn_file_actions_adddup2(&fa, p.client, 7) == 0);
+  const char* argv[] = {"sh", "-c", "read line <&7; printf '%s|' \"$line\" >&7", nullptr};
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, "/bin/sh", &fa, nullptr, const_cast<char* const*>(argv), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  REQUIRE(rc == 0);
+  char b[8];
+  REQUIRE(read_exact(p.server, b, 6) == 6);
+  CHECK(memcmp(b, "early|", 6) == 0);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 // system() and popen() start their shell through glibc-internal calls that

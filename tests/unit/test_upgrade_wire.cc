@@ -18,19 +18,23 @@ w::RendezvousRequest req(uint8_t lo, uint8_t hi) {
 }  // namespace
 
 TEST_CASE("rendezvous: versions are negotiated") {
-  static_assert(w::kRendezvousMinVersion == 1 && w::kRendezvousVersion == 3);
-  // This release talking to itself: the reverse switch and redirects are on.
-  CHECK(w::negotiate(req(w::kRendezvousMinVersion, w::kRendezvousVersion)) == 3);
+  static_assert(w::kRendezvousMinVersion == 1 && w::kRendezvousVersion == 4);
+  // This release talking to itself: the reverse switch, redirects and
+  // returned bytes are on.
+  CHECK(w::negotiate(req(w::kRendezvousMinVersion, w::kRendezvousVersion)) == 4);
+  // A release of version 3 (redirects, no returned bytes).
+  CHECK(w::negotiate(req(1, 3)) == 3);
   // A release of version 2 (the reverse switch, no redirect).
   CHECK(w::negotiate(req(1, 2)) == 2);
   // A 0.1.0 client: version 1, max_version 0 (its reserved byte).
   CHECK(w::negotiate(req(1, 0)) == 1);
   // A later client that still speaks 1..5: we answer with our highest.
-  CHECK(w::negotiate(req(1, 5)) == 3);
+  CHECK(w::negotiate(req(1, 7)) == 4);
   // A later client that dropped what we speak: no common version.
-  CHECK(w::negotiate(req(4, 5)) == 0);
+  CHECK(w::negotiate(req(5, 6)) == 0);
   CHECK(w::negotiate(req(0, 0)) == 0);
   CHECK(w::negotiate(req(2, 1)) == 0);  // nonsense range
   CHECK(w::kRevertVersion == 2);
   CHECK(w::kRedirectVersion == 3);
+  CHECK(w::kReturnVersion == 4);
 }
