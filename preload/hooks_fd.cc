@@ -167,7 +167,7 @@ RSOCK_HOOK pid_t fork(void) noexcept {
   rsock::socket::progress_before_fork();
   rsock::socket::before_fork();
   pid_t pid = real().fork();
-  rsock::socket::after_fork();
+  rsock::socket::after_fork(pid == 0);
   if (pid == 0) {
     rsock::socket::note_state_owner();
     rsock::stats::after_fork_child();  // the child publishes its own file

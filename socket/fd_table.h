@@ -86,8 +86,11 @@ inline SocketRef lookup(int fd) {
 // of memory (the caller then leaves the fd untracked: plain kernel socket).
 Socket* new_socket(int domain, Role role, bool nonblocking);
 
-// fork(): the pool lock must not be held by another thread across fork.
+// fork(), right around the real call: neither the pool lock nor a lock
+// inside librdmacm/libibverbs (transport/fork_guard.h) may be held by
+// another thread across it. The fork guard comes last: every librsock step
+// of the fork that calls those libraries is done by then.
 void before_fork();
-void after_fork();
+void after_fork(bool child);
 
 }  // namespace rsock::socket

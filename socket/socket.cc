@@ -11,6 +11,7 @@
 #include "socket/rendezvous.h"
 #include "util/stats.h"
 #include "util/sys.h"
+#include "transport/fork_guard.h"
 
 namespace rsock::socket {
 
@@ -140,7 +141,15 @@ Socket* new_socket(int domain, Role role, bool nonblocking) {
   return s;
 }
 
-void before_fork() { g_pool.lock(); }
-void after_fork() { g_pool.unlock(); }
+void before_fork() {
+  g_pool.lock();
+  transport::fork_guard::lock_for_fork();
+}
+
+void after_fork(bool child) {
+  if (child) transport::fork_guard::reinit_child();
+  else transport::fork_guard::unlock_parent();
+  g_pool.unlock();
+}
 
 }  // namespace rsock::socket

@@ -25,6 +25,7 @@
 #include "util/stats.h"
 #include "util/clock.h"
 #include "util/sys.h"
+#include "transport/fork_guard.h"
 
 namespace rsock::socket {
 
@@ -62,8 +63,8 @@ std::atomic<int> g_streams_alive{0};
 bool rdma_available() {
   static const bool kAvailable = [] {
     int n = 0;
-    ibv_device** list = ibv_get_device_list(&n);
-    if (list) ibv_free_device_list(list);
+    ibv_device** list = transport::guarded::ibv_get_device_list(&n);
+    if (list) transport::guarded::ibv_free_device_list(list);
     return n > 0;
   }();
   return kAvailable;

@@ -10,6 +10,7 @@
 #include "transport/fds.h"
 #include "util/log.h"
 #include "util/sys.h"
+#include "transport/fork_guard.h"
 
 namespace rsock::transport::cm_hub {
 
@@ -27,7 +28,7 @@ rdma_event_channel* channel() {
   std::lock_guard lk(g_mu);
   if (g_ch != nullptr) return g_ch;
   own_device_fds();
-  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_event_channel* ch = guarded::rdma_create_event_channel();
   if (ch == nullptr) {
     if (errno == 0) errno = ENODEV;
     return nullptr;
@@ -37,7 +38,7 @@ rdma_event_channel* channel() {
   if (fl < 0 || sys::libc.fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
     int e = errno;
     disown_channel(ch);
-    rdma_destroy_event_channel(ch);
+    guarded::rdma_destroy_event_channel(ch);
     errno = e;
     return nullptr;
   }
@@ -52,7 +53,7 @@ void poll() {
   if (fd() < 0) return;
   std::lock_guard lk(g_mu);
   rdma_cm_event* ev;
-  while (g_ch != nullptr && rdma_get_cm_event(g_ch, &ev) == 0) {
+  while (g_ch != nullptr && guarded::rdma_get_cm_event(g_ch, &ev) == 0) {
     // Every id on this channel is a Connection's (listeners keep their own
     // channel; accepted ids are migrated here once they have one).
     if (auto* c = static_cast<Connection*>(ev->id ? ev->id->context : nullptr)) c->deliver_cm_event(*ev);
@@ -76,7 +77,7 @@ void after_fork_child() {
     // rdma_destroy_event_channel only closes the fd and frees the struct:
     // the parent's channel (the same open file) is unaffected.
     disown_channel(g_ch);
-    rdma_destroy_event_channel(g_ch);
+    guarded::rdma_destroy_event_channel(g_ch);
     g_ch = nullptr;
   }
   g_fd.store(-1, std::memory_order_release);

@@ -22,6 +22,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/sys.h"
+#include "transport/fork_guard.h"
 
 namespace rsock::transport {
 
@@ -126,10 +127,10 @@ Status<std::unique_ptr<Connection>> Connection::connect(const sockaddr* dst, con
   if (auto s = c->init_fds(); !s) return Err(s.error());
   if (!payload.empty()) std::memcpy(c->my_payload_, payload.data(), payload.size());  // data() may be null
   c->my_payload_len_ = static_cast<uint8_t>(payload.size());
-  if (rdma_create_id(cm_hub::channel(), &c->id_, c.get(), RDMA_PS_TCP) != 0) return Err(errno);
+  if (guarded::rdma_create_id(cm_hub::channel(), &c->id_, c.get(), RDMA_PS_TCP) != 0) return Err(errno);
   c->state_ = State::kResolvingAddr;
   c->deadline_ns_ = now_ns() + uint64_t{tun.resolve_timeout_ms} * 1000000;
-  if (rdma_resolve_addr(c->id_, const_cast<sockaddr*>(src), const_cast<sockaddr*>(dst),
+  if (guarded::rdma_resolve_addr(c->id_, const_cast<sockaddr*>(src), const_cast<sockaddr*>(dst),
                         static_cast<int>(tun.resolve_timeout_ms)) != 0)
     return Err(errno);
   return c;
@@ -250,7 +251,7 @@ Status<void> Connection::handle_cm_event(const rdma_cm_event& ev) {
   switch (ev.event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
       if (state_ != State::kResolvingAddr) break;
-      if (rdma_resolve_route(id_, static_cast<int>(tun_.resolve_timeout_ms)) != 0) {
+      if (guarded::rdma_resolve_route(id_, static_cast<int>(tun_.resolve_timeout_ms)) != 0) {
         fail(errno);
         break;
       }
@@ -272,7 +273,7 @@ Status<void> Connection::handle_cm_event(const rdma_cm_event& ev) {
       p.retry_count = wire::kRetryCount;
       p.rnr_retry_count = wire::kRnrRetryCount;
       p.qp_num = qp_->qp_num;
-      if (rdma_connect(id_, &p) != 0) {
+      if (guarded::rdma_connect(id_, &p) != 0) {
         fail(errno);
         break;
       }
@@ -300,7 +301,7 @@ Status<void> Connection::handle_cm_event(const rdma_cm_event& ev) {
         fail(s.error());
         break;
       }
-      if (rdma_establish(id_) != 0) {
+      if (guarded::rdma_establish(id_) != 0) {
         fail(errno ? errno : ECONNRESET);
         break;
       }
@@ -397,7 +398,7 @@ void Connection::disconnect() {
   // What rdma_disconnect does for a QP it created: error state first, so
   // posted WRs flush; then the DREQ ("not connected" is ignored).
   (void)set_qp_state(IBV_QPS_ERR);
-  rdma_disconnect(id_);
+  guarded::rdma_disconnect(id_);
 }
 
 Status<void> Connection::close() {
@@ -635,7 +636,7 @@ void Connection::destroy_resources() {
   }
   if (id_) {
     cm_hub::forget(id_);  // no event is delivered to us after this
-    rdma_destroy_id(id_);
+    guarded::rdma_destroy_id(id_);
     id_ = nullptr;
   }
   if (rx_ring_) munmap(rx_ring_, rx_map_bytes_);

@@ -1,4 +1,5 @@
 #include "transport/fds.h"
+#include "transport/fork_guard.h"
 
 #include <atomic>
 #include <cerrno>
@@ -37,7 +38,7 @@ ibv_context* own_context(ibv_device* dev) {
     errno = EMFILE;
     return nullptr;
   }
-  ibv_context* ctx = ibv_open_device(dev);
+  ibv_context* ctx = guarded::ibv_open_device(dev);
   if (ctx == nullptr) {
     if (errno == 0) errno = ENODEV;
     return nullptr;
@@ -56,10 +57,10 @@ void own_device_fds() {
   static std::once_flag once;
   std::call_once(once, [] {
     int n = 0;
-    ibv_context** ctxs = rdma_get_devices(&n);
+    ibv_context** ctxs = guarded::rdma_get_devices(&n);
     if (!ctxs) return;
     for (int i = 0; i < n; i++) own_fds_of(ctxs[i]);
-    rdma_free_devices(ctxs);
+    guarded::rdma_free_devices(ctxs);
   });
 }
 

@@ -13,6 +13,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/sys.h"
+#include "transport/fork_guard.h"
 
 namespace rsock::transport {
 
@@ -24,7 +25,7 @@ void send_reject(rdma_cm_id* id, RejectReason reason, uint16_t port = 0) {
   b.kind = static_cast<uint8_t>(wire::SetupKind::kReject);
   b.reason = static_cast<uint8_t>(reason);
   b.ring_addr = port;
-  rdma_reject(id, &b,
+  guarded::rdma_reject(id, &b,
               static_cast<uint8_t>(port ? wire::kRedirectBytes : wire::kRejectBytes));
 }
 }  // namespace
@@ -46,7 +47,7 @@ IncomingRequest& IncomingRequest::operator=(IncomingRequest&& o) noexcept {
 IncomingRequest::~IncomingRequest() {
   if (id_ != nullptr) {
     send_reject(id_, RejectReason::kRefused);
-    rdma_destroy_id(id_);
+    guarded::rdma_destroy_id(id_);
     id_ = nullptr;
   }
 }
@@ -63,35 +64,35 @@ Status<std::unique_ptr<Listener>> Listener::listen(const sockaddr* addr, const c
   std::unique_ptr<Listener> l(new (std::nothrow) Listener(tun));
   if (!l) return Err(ENOMEM);
   own_device_fds();
-  l->ch_ = rdma_create_event_channel();
+  l->ch_ = guarded::rdma_create_event_channel();
   if (l->ch_ == nullptr) return Err(errno ? errno : ENODEV);
   own_channel(l->ch_);
   int fl = sys::libc.fcntl(l->ch_->fd, F_GETFL);
   if (fl < 0 || sys::libc.fcntl(l->ch_->fd, F_SETFL, fl | O_NONBLOCK) < 0) return Err(errno);
-  if (rdma_create_id(l->ch_, &l->id_, l.get(), RDMA_PS_TCP) != 0) return Err(errno);
+  if (guarded::rdma_create_id(l->ch_, &l->id_, l.get(), RDMA_PS_TCP) != 0) return Err(errno);
   if (addr->sa_family == AF_INET6) {
     // Explicit, not the system's net.ipv6.bindv6only: like the TCP socket.
     int afonly = v6only ? 1 : 0;
     if (rdma_set_option(l->id_, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &afonly, sizeof afonly) != 0)
       return Err(errno);
   }
-  if (rdma_bind_addr(l->id_, const_cast<sockaddr*>(addr)) != 0) return Err(errno);
-  if (rdma_listen(l->id_, backlog) != 0) return Err(errno);
+  if (guarded::rdma_bind_addr(l->id_, const_cast<sockaddr*>(addr)) != 0) return Err(errno);
+  if (guarded::rdma_listen(l->id_, backlog) != 0) return Err(errno);
   return l;
 }
 
 Listener::~Listener() {
-  if (id_) rdma_destroy_id(id_);
+  if (id_) guarded::rdma_destroy_id(id_);
   if (ch_) {
     disown_channel(ch_);
-    rdma_destroy_event_channel(ch_);
+    guarded::rdma_destroy_event_channel(ch_);
   }
 }
 
 void Listener::abandon_after_fork() {
   if (ch_) {
     disown_channel(ch_);
-    rdma_destroy_event_channel(ch_);  // closes the fd and frees the struct only
+    guarded::rdma_destroy_event_channel(ch_);  // closes the fd and frees the struct only
     ch_ = nullptr;
   }
 }
@@ -102,7 +103,7 @@ uint16_t Listener::port() const { return ntohs(rdma_get_src_port(id_)); }
 
 Status<IncomingRequest> Listener::next_request() {
   rdma_cm_event* ev;
-  while (rdma_get_cm_event(ch_, &ev) == 0) {
+  while (guarded::rdma_get_cm_event(ch_, &ev) == 0) {
     if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
       // Events of requests not yet migrated to their connection (e.g. the
       // peer gave up) and of the listening id itself: nothing to do.
@@ -130,7 +131,7 @@ Status<IncomingRequest> Listener::next_request() {
 void Listener::reject(IncomingRequest req, RejectReason reason, uint16_t port) {
   if (req.id_ == nullptr) return;
   send_reject(req.id_, reason, port);
-  rdma_destroy_id(req.id_);
+  guarded::rdma_destroy_id(req.id_);
   req.id_ = nullptr;
 }
 
@@ -154,7 +155,7 @@ Status<std::unique_ptr<Connection>> Listener::accept(IncomingRequest req,
     std::lock_guard lk(cm_hub::mu());
     req.id_->context = c.get();
   }
-  if (rdma_migrate_id(req.id_, cm_hub::channel()) != 0) {
+  if (guarded::rdma_migrate_id(req.id_, cm_hub::channel()) != 0) {
     int e = errno;
     cm_hub::forget(req.id_);
     reject(std::move(req), RejectReason::kNoResources);
@@ -188,7 +189,7 @@ Status<std::unique_ptr<Connection>> Listener::accept(IncomingRequest req,
       return Err(r.error());
     }
   }
-  if (rdma_accept(c->id_, &p) != 0) return Err(errno);
+  if (guarded::rdma_accept(c->id_, &p) != 0) return Err(errno);
   c->state_ = Connection::State::kAccepting;
   c->deadline_ns_ = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;
   return c;
