@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+# node_cluster.py ADDR -- issue 12, fd passing with an unmodified program:
+# Node's cluster module (tests/multiproc/node_cluster.js). Its primary
+# accepts every connection and hands it to one of two worker processes over
+# SCM_RIGHTS; the workers are fork + exec'd node processes. Run preloaded
+# in the RDMA VM (ctest sets LD_PRELOAD for node and for these clients):
+# 12 concurrent clients each send 256 KiB of random bytes, half-close and
+# read the echo to EOF. Every byte must come back, in order, as without
+# librsock. The connections stay on TCP: the primary passes each one while
+# its upgrade is pending (fallback reason handed_off), and a socket that
+# arrives by SCM_RIGHTS does not start an upgrade of its own yet; the test
+# asserts correctness and prints the transports the clients saw.
+import os, shutil, signal, subprocess, sys, threading, time
+
+from rdma_env import echo_once, skip_unless_rdma
+
+ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
+skip_unless_rdma(ADDR)
+node = shutil.which("node") or shutil.which("nodejs")
+if not node:
+    print("SKIP: no node")
+    sys.exit(77)
+CONNS, N = 12, 256 * 1024
+here = os.path.dirname(os.path.abspath(__file__))
+# A new V8 under TCG: no JIT tiers that the emulator is known to trip over.
+srv = subprocess.Popen([node, "--jitless", os.path.join(here, "node_cluster.js"), ADDR, "2"],
+                       stdout=subprocess.PIPE, text=True)
+port = None
+deadline = time.time() + 120
+while time.time() < deadline:
+    line = srv.stdout.readline()
+    if not line:
+        break
+    if line.startswith("PORT "):
+        port = int(line.split()[1])
+        break
+if port is None:
+    srv.kill()
+    print("FAIL: the node cluster did not start (exit %s)" % srv.poll())
+    sys.exit(1)
+
+results, transports = [None] * CONNS, [set() for _ in range(CONNS)]
+
+
+def client(i):
+    results[i] = echo_once(ADDR, port, os.urandom(N), transports[i])
+
+
+threads = [threading.Thread(target=client, args=(i,)) for i in range(CONNS)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(180)
+srv.send_signal(signal.SIGTERM)
+try:
+    srv.wait(30)
+except subprocess.TimeoutExpired:
+    srv.kill()
+good = sum(1 for r in results if r)
+seen = sorted(set().union(*transports))
+print("node_cluster: %d/%d echoes exact; client transports seen %s (-1 no librsock, 0 tcp, 1 upgrading, 2 rdma)"
+      % (good, CONNS, seen))
+if good != CONNS:
+    print("FAIL: %d of %d echoes wrong or missing" % (CONNS - good, CONNS))
+    sys.exit(1)
+print("node_cluster: PASS")
