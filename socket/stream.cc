@@ -1017,7 +1017,22 @@ bool Stream::linger_done() {
   if (p == Phase::kPlain || p == Phase::kBroken || !conn_ || rdma_dead_) return true;
   if (p == Phase::kRdma) {
     begin_close();
-    if (!conn_->progress() || conn_->closed()) return true;
+    // (A failure may also show only as the connection's error state.)
+    bool failed = !conn_->progress() || conn_->error() != 0;
+    if (!failed && conn_->closed()) return true;
+    if (!failed && now_ns() <= linger_deadline_ns_) return false;
+    // The RDMA path failed (a link flap: the peer's NIC never acknowledged
+    // our last writes), or the close did not finish in time, while the
+    // peer has not consumed all we sent: dropping the connection now would
+    // lose those bytes, which kernel TCP would still deliver after close().
+    // Switch back instead and let TCP carry them (the backlog), then close.
+    if (conn_->retained_from() < conn_->tx_position() &&
+        revert_locked(RevertMode::kKeep, failed ? stats::FallbackReason::kPathFailed
+                                                : stats::FallbackReason::kReleased)) {
+      linger_deadline_ns_ = deadline_ns_;  // the reverse switch's own bound
+      return phase() != Phase::kReverting;
+    }
+    return true;
   }
   return now_ns() > linger_deadline_ns_;
 }

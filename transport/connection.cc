@@ -529,8 +529,14 @@ Status<void> Connection::progress() {
 
 void Connection::check_timers(uint64_t now) {
   if (deadline_ns_ != 0 && now >= deadline_ns_) {
-    if (state_ == State::kClosing) {
-      LOG_DEBUG("transport: close linger expired with %u WRs outstanding", sq_outstanding_);
+    if (state_ == State::kClosing && sq_outstanding_ > 0) {
+      // Writes the peer's RNIC has not acknowledged: the path is not
+      // working (a link flap). An error, not a close: the socket layer can
+      // still deliver those bytes over TCP (the reverse switch).
+      LOG_DEBUG("transport: close linger expired with %u WRs outstanding: failing", sq_outstanding_);
+      fail(ETIMEDOUT);
+    } else if (state_ == State::kClosing) {
+      LOG_DEBUG("transport: close linger expired, nothing outstanding");
       disconnect();
       state_ = State::kClosed;
       deadline_ns_ = 0;

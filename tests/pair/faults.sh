@@ -12,6 +12,11 @@
 #                delay; plain_loss, plain_delay: the same without librsock
 #                (kernel TCP), the fault 0.5 s into the stream. For the
 #                figures in docs/PERFORMANCE.md; not in ctest.
+#   flap_close   the server writes 256 KiB and closes at once while the
+#                client's link is down for 3 s: the bytes sit unacknowledged
+#                in a connection lingering after close() whose RDMA path
+#                fails; the client must still read every one, then EOF
+#                (rsock_revert --serve-close / --connect-read)
 #   kill_peer    the client's guest loses power: the host SIGKILLs its QEMU
 #                (tools/rxe-vm's power cut: no FIN, no DREQ, the wire goes
 #                silent): the server must end with an error (ECONNRESET or
@@ -31,11 +36,11 @@ ROOT=$PWD
 why=$(tools/rxe-vm --check 2>&1) || { echo "SKIP: $why"; exit 77; }
 MARK=$B/pair-mark.$$
 rm -f "$MARK"
-ENV="LD_PRELOAD=$B/librsock.so RSOCK_LOG_LEVEL=info RSOCK_PAIR_MARK=$MARK"
+ENV="LD_PRELOAD=$B/librsock.so RSOCK_LOG_LEVEL=${PAIR_LOG_LEVEL:-info} RSOCK_PAIR_MARK=$MARK"
 case $CASE in
   none) FAULT=":" ;;
   plain) FAULT=":"; ENV="RSOCK_PAIR_MARK=$MARK" ;;
-  flap) FAULT="ip link set rxe-eth0 down; echo 'fault: link down'; sleep 3; ip link set rxe-eth0 up; echo 'fault: link up'" ;;
+  flap|flap_close) FAULT="ip link set rxe-eth0 down; echo 'fault: link down'; sleep 3; ip link set rxe-eth0 up; echo 'fault: link up'" ;;
   rdma_delete) FAULT="rdma link delete rxe0 && echo 'fault: rxe0 deleted'" ;;
   kill_peer) FAULT="echo 'fault: power cut'; touch /run/rxe-vm/power-cut; sleep 600" ;;
   loss|plain_loss) FAULT="tc qdisc add dev rxe-eth0 root netem loss 2% && echo 'fault: netem loss 2%'" ;;
@@ -50,6 +55,11 @@ ENV_A=$ENV
 SERVER="cd /tmp; env $ENV_A $B/tests/upgrade/rsock_revert --serve 10.77.0.1 7000 $MB"
 CLIENT="cd /tmp; ( for i in \$(seq 600); do [ -e $MARK ] && break; sleep 0.1; done; sleep 0.5; $FAULT ) &
 env $ENV $B/tests/upgrade/rsock_revert --connect 10.77.0.1 7000 $MB; rc=\$?; wait; exit \$rc"
+if [ "$CASE" = flap_close ]; then
+  SERVER="cd /tmp; env $ENV $B/tests/upgrade/rsock_revert --serve-close 10.77.0.1 7000 256"
+  CLIENT="cd /tmp; ( for i in \$(seq 600); do [ -e $MARK ] && break; sleep 0.1; done; sleep 0.5; $FAULT ) &
+env $ENV $B/tests/upgrade/rsock_revert --connect-read 10.77.0.1 7000 256; rc=\$?; wait; exit \$rc"
+fi
 run_pair() {
   out=$(tools/rxe-pair --timeout 400 -- "$SERVER" "$CLIENT" 2>&1)
   rc=$?
@@ -71,6 +81,12 @@ if [ "$CASE" = kill_peer ]; then
   exit 1
 fi
 [ $rc = 0 ] || { echo "$out" | tail -40; echo "FAIL: $CASE: status $rc"; exit 1; }
+if [ "$CASE" = flap_close ]; then
+  grep -q 'RESULT client read=262144 of 262144 exact=1' <<<"$out" || {
+    echo "$out" | tail -30; echo "FAIL: flap_close: the client must read all 262144 bytes"; exit 1; }
+  echo "PASS: flap_close"
+  exit 0
+fi
 if [ "$CASE" = plain ] || [ "${CASE#plain_}" != "$CASE" ]; then
   n=$(grep -c 'RESULT .*saw_rdma=0 transport=-1 ' <<<"$out")
   [ "$n" = 2 ] || { echo "FAIL: $CASE: both ends must be plain TCP"; exit 1; }

@@ -29,6 +29,8 @@
 // come from outside (link down, netem, rdma link delete). Each end prints
 // its transport at the end and must see every byte:
 //   rsock_revert --serve ADDR PORT MB        rsock_revert --connect ADDR PORT MB
+// and a sender that closes at once while the path fails (close_main):
+//   rsock_revert --serve-close ADDR PORT KB  rsock_revert --connect-read ADDR PORT KB
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -304,6 +306,83 @@ int pair_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
   return 0;
 }
 
+// Two hosts, a sender that closes at once (tests/pair/faults.sh flap_close):
+// the server waits for the client's go (sent once on RDMA), sleeps so that
+// the client's link is down by then, writes `total` seeded bytes and closes
+// at once: they sit unacknowledged in a lingering connection whose RDMA
+// path then fails. It stays alive meanwhile (an exit would hand the
+// connection off at exit instead). The client reads to EOF: every byte
+// must arrive, as kernel TCP would deliver them after close().
+int close_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
+  g_who = serve ? "server" : "client";
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, addr, &a.sin_addr);
+  int fd;
+  if (serve) {
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 4) != 0)
+      fail("listen: %s", strerror(errno));
+    fd = accept(l, nullptr, nullptr);
+    close(l);
+  } else {
+    auto t0 = Clock::now();
+    for (;;) {
+      fd = socket(AF_INET, SOCK_STREAM, 0);
+      if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) break;
+      close(fd);
+      if (std::chrono::duration<double>(Clock::now() - t0).count() > 120) fail("no server");
+      usleep(200000);
+    }
+  }
+  if (fd < 0) fail("accept: %s", strerror(errno));
+  auto t0 = Clock::now();
+  while (transport(fd) != RSOCK_TRANSPORT_RDMA) {
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > 60) fail("never on RDMA");
+    usleep(10000);
+  }
+  static unsigned char buf[256 * 1024];
+  if (serve) {
+    char go;
+    if (read(fd, &go, 1) != 1) fail("no go from the client");
+    usleep(1000000);  // the client's link goes down 0.5 s after its go
+    for (uint64_t off = 0; off < total;) {
+      size_t n = std::min<uint64_t>(sizeof buf, total - off);
+      fill(7, off, buf, n);
+      ssize_t w = write(fd, buf, n);
+      if (w <= 0) fail("write: %s", strerror(errno));
+      off += uint64_t(w);
+    }
+    close(fd);
+    say("wrote %llu bytes and closed; staying alive for 40 s", (unsigned long long)total);
+    printf("RESULT server wrote=%llu\n", (unsigned long long)total);
+    fflush(stdout);
+    sleep(40);
+    return 0;
+  }
+  if (const char* mark = getenv("RSOCK_PAIR_MARK")) close(open(mark, O_CREAT | O_WRONLY, 0644));
+  if (write(fd, "g", 1) != 1) fail("write go: %s", strerror(errno));
+  uint64_t got = 0;
+  static unsigned char want[sizeof buf];
+  for (;;) {
+    ssize_t r = read(fd, buf, sizeof buf);
+    if (r < 0) fail("read after %llu bytes: %s", (unsigned long long)got, strerror(errno));
+    if (r == 0) break;
+    fill(7, got, want, size_t(r));
+    if (memcmp(buf, want, size_t(r)) != 0) fail("wrong bytes at %llu", (unsigned long long)got);
+    got += uint64_t(r);
+  }
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  printf("RESULT client read=%llu of %llu exact=%d transport=%d seconds=%.1f\n",
+         (unsigned long long)got, (unsigned long long)total, got == total ? 1 : 0, transport(fd), s);
+  fflush(stdout);
+  if (got != total) fail("EOF after %llu of %llu bytes", (unsigned long long)got, (unsigned long long)total);
+  close(fd);
+  return 0;
+}
+
 int recv_fd(int us, Pump* p) {
   char data[sizeof p->tx + sizeof p->rx];
   iovec v{data, sizeof data};
@@ -362,6 +441,10 @@ int main(int argc, char** argv) {
   if ((std::string(argv[1]) == "--serve" || std::string(argv[1]) == "--connect") && argc == 5)
     return pair_main(std::string(argv[1]) == "--serve", argv[2], uint16_t(atoi(argv[3])),
                      strtoull(argv[4], nullptr, 10) << 20);
+  if ((std::string(argv[1]) == "--serve-close" || std::string(argv[1]) == "--connect-read") &&
+      argc == 5)
+    return close_main(std::string(argv[1]) == "--serve-close", argv[2], uint16_t(atoi(argv[3])),
+                      strtoull(argv[4], nullptr, 10) << 10);
   if (std::string(argv[1]) == "--client" && argc == 5)
     return client_main(uint16_t(atoi(argv[2])), strtoull(argv[4], nullptr, 10) << 20, argv[3]);
   std::string c = argv[1];
