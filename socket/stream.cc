@@ -959,6 +959,7 @@ void Stream::detach_after_fork() {
 void Stream::begin_close() {
   if (close_started_ || !conn_) return;
   close_started_ = true;
+
   linger lg{};
   socklen_t len = sizeof lg;
   bool abortive = sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 &&
@@ -967,6 +968,7 @@ void Stream::begin_close() {
   bool unread = staging_.size() > staging_off_ || conn_->readable() > 0;
   if (abortive || unread) (void)conn_->send_control(uint8_t(wire::Control::kReset), {});
   (void)conn_->close();
+  closed_second_ = conn_->fin_after_peer();
 }
 
 void Stream::orphan() {
@@ -1004,22 +1006,48 @@ void Stream::orphan() {
   wake();
 }
 
+// The peer's TCP FIN (or an error) is in: nothing but EOF can follow on an
+// idle TCP stream of an upgraded connection.
+bool Stream::tcp_peer_closed() {
+  char b;
+  ssize_t r = sys::libc.recv(tcp_fd_, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR) || r > 0;
+}
+
 bool Stream::linger_done() {
   std::lock_guard lk(mu_);
+  // The peer sent its FIN first (ours, by close or shutdown, came after
+  // it): like a kernel socket leaving CLOSE_WAIT, ours sends its TCP FIN
+  // only after the peer's, so that TIME_WAIT stays with the side that
+  // closed first, as without librsock. (A server closing second took
+  // TIME_WAIT otherwise and, without SO_REUSEADDR, could not bind its port
+  // again for a minute: sockperf's server did.) Bounded by the linger.
+  auto tcp_may_close = [this] {
+    return !closed_second_ || tcp_peer_closed() || now_ns() > linger_deadline_ns_;
+  };
   if (phase() == Phase::kSwitching) advance_locked();  // finish the switch, then close
   if (phase() == Phase::kReverting) {
     // Finish the reverse switch: the backlog is the application's data.
     advance_revert();
     if (phase() == Phase::kReverting && !revert_settled()) return now_ns() > linger_deadline_ns_;
-    return true;
+    return tcp_may_close();
   }
   Phase p = phase();
-  if (p == Phase::kPlain || p == Phase::kBroken || !conn_ || rdma_dead_) return true;
+  if (p == Phase::kBroken || rdma_dead_) return true;
+  if (p == Phase::kPlain || !conn_) return tcp_may_close();
   if (p == Phase::kRdma) {
     begin_close();
+    // The peer switches back (its process exits, or hands the connection
+    // off): join it at once, rather than make it wait out its bound.
+    uint64_t magic = 0;
+    if (sys::libc.recv(tcp_fd_, &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT) == sizeof magic &&
+        magic == wire::kDownMagic && revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased)) {
+      linger_deadline_ns_ = deadline_ns_;  // the reverse switch's own bound
+      return false;
+    }
     // (A failure may also show only as the connection's error state.)
     bool failed = !conn_->progress() || conn_->error() != 0;
-    if (!failed && conn_->closed()) return true;
+    if (!failed && conn_->closed()) return tcp_may_close();
     if (!failed && now_ns() <= linger_deadline_ns_) return false;
     // The RDMA path failed (a link flap: the peer's NIC never acknowledged
     // our last writes), or the close did not finish in time, while the
@@ -1029,8 +1057,8 @@ bool Stream::linger_done() {
     if (conn_->retained_from() < conn_->tx_position() &&
         revert_locked(RevertMode::kKeep, failed ? stats::FallbackReason::kPathFailed
                                                 : stats::FallbackReason::kReleased)) {
-      linger_deadline_ns_ = deadline_ns_;  // the reverse switch's own bound
-      return phase() != Phase::kReverting;
+      linger_deadline_ns_ = deadline_ns_;
+      return false;
     }
     return true;
   }

@@ -130,6 +130,7 @@ class Stream {
   // Called when the last application fd is gone. Returns true when the
   // stream is finished and may be deleted (else keep calling).
   bool linger_done();
+  bool tcp_peer_closed();
   void orphan();                              // app closed its last fd
   // In a fork child: pending -> plain TCP; switching/RDMA -> ECONNRESET on
   // every call (the RDMA state belongs to the parent). Touches no verbs.
@@ -307,6 +308,7 @@ class Stream {
   bool fin_deferred_ = false;           // shutdown(SHUT_WR) before the switch ended
   bool orphaned_ = false;
   bool close_started_ = false;
+  bool closed_second_ = false;  // our FIN went after the peer's (linger_done)
   // The reverse switch.
   wire::DownRecord down_out_{};
   size_t down_out_off_ = 0;

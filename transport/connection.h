@@ -135,6 +135,9 @@ class Connection {
   size_t readable() const;
   size_t writable() const;
   bool eof() const { return fin_received_ && rx_.readable() == 0; }
+  // Our FIN went after the peer's had arrived: we closed second (like a
+  // kernel socket leaving CLOSE_WAIT).
+  bool fin_after_peer() const { return fin_after_peer_; }
 
   // Half-close: FIN after the last byte sent. Idempotent.
   Status<void> shutdown_write();
@@ -302,6 +305,7 @@ class Connection {
   uint64_t last_tx_ns_ = 0;      // last WR posted (keepalive when idle)
   uint64_t sig_wait_ns_ = 0;     // since when the oldest signalled WR waits (stall watchdog)
   bool fin_pending_ = false, fin_sent_ = false, fin_received_ = false;
+  bool fin_after_peer_ = false;
   bool close_pending_ = false, close_sent_ = false, peer_closed_ = false;
   bool disconnected_ = false;
   bool close_received_ = false;  // the peer's CLOSE: it closed its socket

@@ -1,6 +1,7 @@
 // Teardown: half-close, resets, SIGPIPE/EPIPE, and fd duplication versus the
 // lifetime of the underlying connection.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -15,6 +16,16 @@
 #include "helpers.h"
 
 using namespace conf;
+
+namespace {
+// The transport librsock reports for fd (2 = RDMA), -1 without librsock.
+int rdma_transport(int fd) {
+  int t = -1;
+  socklen_t len = sizeof t;
+  if (getsockopt(fd, 0x5253 /* SOL_RSOCK */, 1 /* RSOCK_TRANSPORT */, &t, &len) != 0) return -1;
+  return t;
+}
+}  // namespace
 
 namespace {
 
@@ -119,6 +130,69 @@ TEST_CASE("close: many small writes just before close reach a peer that starts r
   w.join();
   CHECK(wrote == out.size());
   CHECK(closed == 0);
+}
+
+// TIME_WAIT stays with the side that closed first. A server whose client
+// closes first can bind its port again (without SO_REUSEADDR) as soon as
+// its own socket is gone. Under librsock the server's TCP FIN once went out
+// before the client's (its RDMA close finished first), so the server took
+// TIME_WAIT and a restarted server could not bind for a minute.
+TEST_CASE("close: the side that closes first keeps TIME_WAIT; the server can bind its port again") {
+  uint16_t port;
+  sockaddr_storage addr;
+  socklen_t alen;
+  {
+    Listener l = make_listener();
+    port = l.port;
+    addr = l.addr;
+    alen = l.addr_len;
+    // The client is another process that closes and exits at once, as a
+    // benchmark client does (its exit hands a still-lingering connection
+    // to TCP: docs/DESIGN.md, exit).
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int c = socket(AF_INET, SOCK_STREAM, 0);
+      if (connect(c, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) != 0) _exit(2);
+      if (expect_rdma()) {
+        int64_t end = now_ms() + 20000;
+        while (rdma_transport(c) != 2 && now_ms() < end) usleep(1000);
+        if (rdma_transport(c) != 2) _exit(3);
+      }
+      char b[4];
+      if (write_all(c, "ping", 4) != 4 || read_exact(c, b, 4) != 4) _exit(4);
+      close(c);  // first
+      exit(0);   // atexit handlers run, as in any program
+    }
+    REQUIRE(wait_readable(l.fd));
+    Fd s(accept(l.fd, nullptr, nullptr));
+    REQUIRE(s >= 0);
+    char b[4];
+    REQUIRE(read_exact(s, b, 4) == 4);
+    REQUIRE(write_all(s, "pong", 4) == 4);
+    bool eof = false;
+    read_to_eof(s, nullptr, &eof);
+    REQUIRE(eof);
+    REQUIRE(s.reset() == 0);
+    int st = 0;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+  }  // and the listener
+  // The server's socket passes LAST_ACK to CLOSED once the client's ACK is
+  // in (a few ms, longer under librsock's close); TIME_WAIT would be 60 s.
+  int64_t deadline = now_ms() + 5000;
+  int err = 0;
+  bool bound = false;
+  while (!bound) {
+    Fd f(socket(AF_INET, SOCK_STREAM, 0));
+    REQUIRE(f >= 0);
+    bound = bind(f, reinterpret_cast<sockaddr*>(&addr), alen) == 0;
+    err = errno;
+    if (!bound && now_ms() > deadline) break;
+    if (!bound) usleep(20000);
+  }
+  CHECK_MESSAGE(bound, "bind to port " << port << ": " << errno_str(err));
 }
 
 TEST_CASE("close: closing with unread data resets the peer (ECONNRESET)") {
