@@ -1060,7 +1060,7 @@ bool Stream::linger_done() {
       linger_deadline_ns_ = deadline_ns_;
       return false;
     }
-    return true;
+    return tcp_may_close();  // failed with nothing left to deliver
   }
   return now_ns() > linger_deadline_ns_;
 }

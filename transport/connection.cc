@@ -402,6 +402,7 @@ void Connection::disconnect() {
 }
 
 Status<void> Connection::close() {
+  if (!fin_pending_) fin_after_peer_ = fin_received_;  // also when already failed
   if (closed()) return Ok();
   if (state_ < State::kEstablished) {
     fail(ECONNABORTED);

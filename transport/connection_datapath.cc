@@ -395,9 +395,11 @@ Status<size_t> Connection::recv(std::span<const iovec> iov, bool peek) {
 }
 
 Status<void> Connection::shutdown_write() {
+  // (Recorded also when the connection has failed: the order of the two
+  // ends' closes is what the socket layer's TCP close follows.)
+  if (!fin_pending_) fin_after_peer_ = fin_received_;
   if (state_ == State::kError) return Err(err_);
   if (!established()) return Err(ENOTCONN);
-  if (!fin_pending_) fin_after_peer_ = fin_received_;
   fin_pending_ = true;
   flush_pending();
   return Ok();
