@@ -1006,12 +1006,13 @@ void Stream::orphan() {
   wake();
 }
 
-// The peer's TCP FIN (or an error) is in: nothing but EOF can follow on an
-// idle TCP stream of an upgraded connection.
+// Anything readable on the idle TCP stream of a closed upgraded connection
+// (the peer's FIN, an error, or a stray byte, which ends it too) lets ours
+// close; only "nothing yet" keeps it waiting.
 bool Stream::tcp_peer_closed() {
   char b;
-  ssize_t r = sys::libc.recv(tcp_fd_, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-  return r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR) || r > 0;
+  return sys::libc.recv(tcp_fd_, &b, 1, MSG_PEEK | MSG_DONTWAIT) >= 0 ||
+         (errno != EAGAIN && errno != EINTR);
 }
 
 bool Stream::linger_done() {

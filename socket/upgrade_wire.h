@@ -41,6 +41,8 @@
 
 #include <cstdint>
 
+#include "transport/wire.h"
+
 namespace rsock::socket::wire {
 
 inline constexpr uint32_t kRendezvousMagic = 0x50555352;  // "RSUP"
@@ -94,10 +96,8 @@ static_assert(sizeof(DownRecord) == 32);
 
 // The version a server speaks with the sender of `rq`, 0 if none.
 inline uint8_t negotiate(const RendezvousRequest& rq) {
-  uint8_t lo = rq.version, hi = rq.max_version ? rq.max_version : rq.version;
-  if (hi < lo) return 0;
-  uint8_t v = hi < kRendezvousVersion ? hi : kRendezvousVersion;
-  return v >= lo && v >= kRendezvousMinVersion ? v : 0;
+  return transport::wire::negotiate_version(rq.version, rq.max_version, kRendezvousMinVersion,
+                                            kRendezvousVersion);
 }
 
 // Application control message types (transport::Connection::send_control).

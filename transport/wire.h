@@ -151,14 +151,20 @@ struct PeerSetup {
   uint8_t payload[kMaxPayload] = {};
 };
 
-// The highest wire version in both [lo, hi] (a request's range; hi 0 = lo)
-// and this build's [kWireMinVersion, kWireVersion]; 0 if there is none.
-constexpr uint8_t negotiate_wire(uint8_t lo, uint8_t hi) {
+// The highest version in both a peer's range [lo, hi] (hi 0 = lo: what
+// 0.1.0 sends) and ours [our_lo, our_hi]; 0 if there is none. Both the wire
+// format and the socket layer's rendezvous are negotiated this way.
+constexpr uint8_t negotiate_version(uint8_t lo, uint8_t hi, uint8_t our_lo, uint8_t our_hi) {
   if (hi == 0) hi = lo;
   if (lo == 0 || hi < lo) return 0;
-  uint8_t top = hi < kWireVersion ? hi : kWireVersion;
-  uint8_t bottom = lo > kWireMinVersion ? lo : kWireMinVersion;
+  uint8_t top = hi < our_hi ? hi : our_hi;
+  uint8_t bottom = lo > our_lo ? lo : our_lo;
   return top >= bottom ? top : 0;
+}
+
+// The wire version for a peer that speaks [lo, hi].
+constexpr uint8_t negotiate_wire(uint8_t lo, uint8_t hi) {
+  return negotiate_version(lo, hi, kWireMinVersion, kWireVersion);
 }
 
 // Validates every field; on failure returns the reason to reject with.

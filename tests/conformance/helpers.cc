@@ -91,16 +91,12 @@ bool expect_rdma() {
   return on;
 }
 
-namespace {
-
 int transport_of(int fd) {
   int t = -1;
   socklen_t len = sizeof t;
   if (getsockopt(fd, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) != 0) return -errno;
   return t;
 }
-
-}  // namespace
 
 // Both ends on RDMA, or a failed REQUIRE saying where each end got stuck.
 void await_rdma(const Pair& p) {

@@ -82,6 +82,9 @@ Pair connected_pair(int family = AF_INET, bool await_upgrade = true);
 bool expect_rdma();
 // With expect_rdma(): both ends of p reach RDMA, or the case fails.
 void await_rdma(const Pair& p);
+// The transport librsock reports for fd (SOL_RSOCK RSOCK_TRANSPORT: 0 tcp,
+// 1 upgrading, 2 rdma, 3 broken), -errno without librsock.
+int transport_of(int fd);
 
 // A TCP socket bound to a port of test_ipv4() but not listening: connecting to
 // `addr` is refused, and keeping the socket open keeps the port ours.

@@ -18,16 +18,6 @@
 using namespace conf;
 
 namespace {
-// The transport librsock reports for fd (2 = RDMA), -1 without librsock.
-int rdma_transport(int fd) {
-  int t = -1;
-  socklen_t len = sizeof t;
-  if (getsockopt(fd, 0x5253 /* SOL_RSOCK */, 1 /* RSOCK_TRANSPORT */, &t, &len) != 0) return -1;
-  return t;
-}
-}  // namespace
-
-namespace {
 
 // Waits until `fd` reports an error/hangup (an RST has arrived).
 // Waits until the reset is reported (POLLERR/POLLHUP). Data sent before the
@@ -156,8 +146,8 @@ TEST_CASE("close: the side that closes first keeps TIME_WAIT; the server can bin
       if (connect(c, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) != 0) _exit(2);
       if (expect_rdma()) {
         int64_t end = now_ms() + 20000;
-        while (rdma_transport(c) != 2 && now_ms() < end) usleep(1000);
-        if (rdma_transport(c) != 2) _exit(3);
+        while (transport_of(c) != 2 && now_ms() < end) usleep(1000);
+        if (transport_of(c) != 2) _exit(3);
       }
       char b[4];
       if (write_all(c, "ping", 4) != 4 || read_exact(c, b, 4) != 4) _exit(4);

@@ -38,6 +38,19 @@ int wait_child(pid_t pid) {
   }
 }
 
+// posix_spawn()s `sh -c script` with fd as its fd 7; the pid, or -1.
+pid_t spawn_sh_on_fd7(int fd, const char* script) {
+  posix_spawn_file_actions_t fa;
+  if (posix_spawn_file_actions_init(&fa) != 0) return -1;
+  pid_t pid = -1;
+  const char* argv[] = {"sh", "-c", script, nullptr};
+  if (posix_spawn_file_actions_adddup2(&fa, fd, 7) != 0 ||
+      posix_spawn(&pid, "/bin/sh", &fa, nullptr, const_cast<char* const*>(argv), environ) != 0)
+    pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
 }  // namespace
 
 TEST_CASE("fork: parent and child share an inherited connection") {
@@ -71,14 +84,6 @@ TEST_CASE("fork: parent and child share an inherited connection") {
   bool eof = false;
   read_to_eof(p.server, nullptr, &eof);
   CHECK(eof);
-}
-
-// The transport a socket uses, or -1 without librsock (preload/librsock.h).
-static int transport_of(int fd) {
-  int t = -1;
-  socklen_t len = sizeof t;
-  if (getsockopt(fd, 0x5253 /* SOL_RSOCK */, 1 /* RSOCK_TRANSPORT */, &t, &len) != 0) return -1;
-  return t;
 }
 
 // Upgraded before fork() (in upgrade.conformance): librsock switches the
@@ -377,16 +382,9 @@ TEST_CASE("fork: a vfork child that closes every fd, dup2s and execs leaves the 
 // can switch the upgraded connection back to TCP for it.
 TEST_CASE("exec: a posix_spawn'ed program talks over an inherited upgraded connection") {
   Pair p = connected_pair();
-  posix_spawn_file_actions_t fa;
-  REQUIRE(posix_spawn_file_actions_init(&fa) == 0);
-  REQUIRE(posix_spawn_file_actions_adddup2(&fa, p.client, 7) == 0);
-  const char* argv[] = {"sh", "-c",
-                        "printf 'spawn-ok\\n' >&7; read line <&7; printf '%s|' \"$line\" >&7",
-                        nullptr};
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, "/bin/sh", &fa, nullptr, const_cast<char* const*>(argv), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  REQUIRE(rc == 0);
+  pid_t pid = spawn_sh_on_fd7(p.client,
+                              "printf 'spawn-ok\\n' >&7; read line <&7; printf '%s|' \"$line\" >&7");
+  REQUIRE(pid > 0);
   char b[9];
   REQUIRE(read_exact(p.server, b, 9) == 9);
   CHECK(memcmp(b, "spawn-ok\n", 9) == 0);
@@ -409,14 +407,8 @@ TEST_CASE("exec: a posix_spawn'ed program reads bytes that arrived before the up
   Pair p = connected_pair(AF_INET, /*await_upgrade=*/false);
   REQUIRE(write_all(p.server, "early\n", 6) == 6);  // on TCP, ahead of the switch
   if (expect_rdma()) await_rdma(p);
-  posix_spawn_file_actions_t fa;
-  REQUIRE(posix_spawn_file_actions_init(&fa) == 0);
-  REQUIRE(posix_spawn_file_actions_adddup2(&fa, p.client, 7) == 0);
-  const char* argv[] = {"sh", "-c", "read line <&7; printf '%s|' \"$line\" >&7", nullptr};
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, "/bin/sh", &fa, nullptr, const_cast<char* const*>(argv), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  REQUIRE(rc == 0);
+  pid_t pid = spawn_sh_on_fd7(p.client, "read line <&7; printf '%s|' \"$line\" >&7");
+  REQUIRE(pid > 0);
   char b[8];
   REQUIRE(read_exact(p.server, b, 6) == 6);
   CHECK(memcmp(b, "early|", 6) == 0);

@@ -10,9 +10,9 @@
 # back at fork, handed_off), and a connection does not upgrade a second
 # time; the test asserts correctness and prints the transports the clients
 # saw.
-import os, socketserver, sys, threading
+import socketserver, sys, threading
 
-from rdma_env import echo_once, skip_unless_rdma
+from rdma_env import echo_clients, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 skip_unless_rdma(ADDR)
@@ -36,22 +36,9 @@ srv = Server((ADDR, 0), Echo)
 port = srv.server_address[1]
 threading.Thread(target=srv.serve_forever, daemon=True).start()
 
-results, transports = [None] * CONNS, [set() for _ in range(CONNS)]
-
-
-def client(i):
-    results[i] = echo_once(ADDR, port, os.urandom(N), transports[i])
-
-
-threads = [threading.Thread(target=client, args=(i,)) for i in range(CONNS)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join(180)
+good, seen = echo_clients(ADDR, port, CONNS, N)
 srv.shutdown()
 srv.server_close()
-good = sum(1 for r in results if r)
-seen = sorted(set().union(*transports))
 print("forking_server: %d/%d echoes exact; client transports seen %s (-1 no librsock, 0 tcp, 1 upgrading, 2 rdma)"
       % (good, CONNS, seen))
 if good != CONNS:

@@ -10,9 +10,9 @@
 # its upgrade is pending (fallback reason handed_off), and a socket that
 # arrives by SCM_RIGHTS does not start an upgrade of its own yet; the test
 # asserts correctness and prints the transports the clients saw.
-import os, shutil, signal, subprocess, sys, threading, time
+import os, shutil, signal, subprocess, sys, time
 
-from rdma_env import echo_once, skip_unless_rdma
+from rdma_env import echo_clients, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 skip_unless_rdma(ADDR)
@@ -39,25 +39,12 @@ if port is None:
     print("FAIL: the node cluster did not start (exit %s)" % srv.poll())
     sys.exit(1)
 
-results, transports = [None] * CONNS, [set() for _ in range(CONNS)]
-
-
-def client(i):
-    results[i] = echo_once(ADDR, port, os.urandom(N), transports[i])
-
-
-threads = [threading.Thread(target=client, args=(i,)) for i in range(CONNS)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join(180)
+good, seen = echo_clients(ADDR, port, CONNS, N)
 srv.send_signal(signal.SIGTERM)
 try:
     srv.wait(30)
 except subprocess.TimeoutExpired:
     srv.kill()
-good = sum(1 for r in results if r)
-seen = sorted(set().union(*transports))
 print("node_cluster: %d/%d echoes exact; client transports seen %s (-1 no librsock, 0 tcp, 1 upgrading, 2 rdma)"
       % (good, CONNS, seen))
 if good != CONNS:

@@ -66,3 +66,19 @@ def skip_unless_rdma(addr):
     except OSError as e:
         print("SKIP: cannot bind %s: %s" % (addr, e))
         sys.exit(77)
+
+
+def echo_clients(addr, port, conns, n):
+    # `conns` concurrent clients, each echo_once() with n random bytes.
+    # Returns (exact echoes, sorted transports the clients saw).
+    results, seen = [None] * conns, [set() for _ in range(conns)]
+
+    def client(i):
+        results[i] = echo_once(addr, port, os.urandom(n), seen[i])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    return sum(1 for r in results if r), sorted(set().union(*seen))

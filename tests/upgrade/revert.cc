@@ -247,10 +247,9 @@ int client_main(uint16_t port, uint64_t total, const std::string& c) {
   return 0;
 }
 
-// One end of a two-host run: no action, every byte checked, the transport
-// it ends on printed (faults are injected from outside).
-int pair_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
-  g_who = serve ? "server" : "client";
+// Two-host runs: the server accepts one connection on ADDR:PORT, the client
+// connects to it (retrying while the server's guest still boots).
+int pair_connect(bool serve, const char* addr, uint16_t port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
@@ -274,6 +273,14 @@ int pair_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
     }
   }
   if (fd < 0) fail("accept: %s", strerror(errno));
+  return fd;
+}
+
+// One end of a two-host run: no action, every byte checked, the transport
+// it ends on printed (faults are injected from outside).
+int pair_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
+  g_who = serve ? "server" : "client";
+  int fd = pair_connect(serve, addr, port);
   Pump p;
   p.fd = fd;
   p.seed_tx = serve ? 2 : 1;
@@ -315,29 +322,7 @@ int pair_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
 // must arrive, as kernel TCP would deliver them after close().
 int close_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
   g_who = serve ? "server" : "client";
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, addr, &a.sin_addr);
-  int fd;
-  if (serve) {
-    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 4) != 0)
-      fail("listen: %s", strerror(errno));
-    fd = accept(l, nullptr, nullptr);
-    close(l);
-  } else {
-    auto t0 = Clock::now();
-    for (;;) {
-      fd = socket(AF_INET, SOCK_STREAM, 0);
-      if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) break;
-      close(fd);
-      if (std::chrono::duration<double>(Clock::now() - t0).count() > 120) fail("no server");
-      usleep(200000);
-    }
-  }
-  if (fd < 0) fail("accept: %s", strerror(errno));
+  int fd = pair_connect(serve, addr, port);
   auto t0 = Clock::now();
   while (transport(fd) != RSOCK_TRANSPORT_RDMA) {
     if (std::chrono::duration<double>(Clock::now() - t0).count() > 60) fail("never on RDMA");
