@@ -8,11 +8,13 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -30,6 +32,11 @@
 namespace rsock::socket {
 
 namespace {
+
+// The most of the application's writes a running switch holds (holds()):
+// enough for the requests and replies programs write right after connect
+// or accept, which a kernel socket takes at once.
+constexpr size_t kMaxHeldBytes = 64 * 1024;
 
 // rdma_cm events reach a connection through the shared channel (cm_hub):
 // its waiters look again.
@@ -212,10 +219,10 @@ void Stream::fall_back(stats::FallbackReason reason, uint8_t peer_reason) {
     std::lock_guard lk(mu_);
     if (phase() != Phase::kPending) return;  // too late: bytes are committed
     conn_.reset();
-    if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
+    deferred_fin();
     // Bytes read ahead are delivered through the stream before the kernel
-    // takes over again.
-    if (staging_.size() > staging_off_) plain_when_drained_ = true;
+    // takes over again (and held ones, of an abandoned switch, sent).
+    if (staging_.size() > staging_off_ || held_pending()) plain_when_drained_ = true;
     else set_phase(Phase::kPlain);
   }
   stats::set_fallback(slot_, reason, peer_reason);
@@ -356,6 +363,8 @@ void Stream::finish_revert_peer_gone(const char* why) {
   down_out_off_ = sizeof down_out_;
   return_out_.clear();  // nobody is left to send them again
   return_out_off_ = 0;
+  held_.clear();  // nor to read these
+  held_off_ = 0;
   offer_sent_ = offer_rcvd_ = verified_ = false;
   if (staging_.size() > staging_off_) plain_when_drained_ = true;
   else set_phase(Phase::kPlain);
@@ -472,6 +481,7 @@ bool Stream::advance_revert() {
     int err = 0;
     if (backlog_->flush(tcp_fd_, &err)) Backlog::release(std::exchange(backlog_, nullptr));
   }
+  if (held_pending()) (void)flush_held();  // after the backlog (it checks)
   if (down_done_ && !revert_out_pending()) {
     // The FIN (shutdown(SHUT_WR) while on RDMA) follows the last byte again.
     if (wr_shut_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
@@ -519,8 +529,10 @@ bool Stream::hand_off(uint64_t deadline_ns, stats::FallbackReason why) {
     lk.lock();
   }
   Phase p = phase();
-  bool ok = p == Phase::kPlain || p == Phase::kBroken || p == Phase::kPending ||
-            (p == Phase::kReverting && down_done_ && return_out_off_ == return_out_.size());
+  // (Held bytes live in this process only: they must be in the kernel.)
+  bool ok = !held_pending() &&
+            (p == Phase::kPlain || p == Phase::kBroken || p == Phase::kPending ||
+             (p == Phase::kReverting && down_done_ && return_out_off_ == return_out_.size()));
   lk.unlock();
   wake();
   return ok;
@@ -538,8 +550,17 @@ bool Stream::give_away(uint64_t deadline_ns) {
   fall_back(stats::FallbackReason::kHandedOff);  // acts on a pending upgrade only
   settle_switch(deadline_ns);
   Phase p = phase();
-  if (p != Phase::kRdma && p != Phase::kReverting) return true;
-  return hand_off(deadline_ns);
+  if (p == Phase::kRdma || p == Phase::kReverting) return hand_off(deadline_ns);
+  // An abandoned switch's held bytes: into the kernel socket before the
+  // connection is shared (they live in this process's memory only).
+  std::unique_lock lk(mu_);
+  while (held_pending() && !flush_held() && now_ns() < deadline_ns) {
+    pollfd pf{tcp_fd_, POLLOUT, 0};
+    lk.unlock();
+    sys::libc.poll(&pf, 1, 5);
+    lk.lock();
+  }
+  return !held_pending();
 }
 
 bool Stream::advance(bool block) {
@@ -588,6 +609,10 @@ bool Stream::advance_locked(bool full) {
   if (p == Phase::kPlain || p == Phase::kBroken) return false;
   if (p == Phase::kReverting) return advance_revert();
   if (!conn_) {
+    if (held_pending()) {  // an abandoned switch's, on TCP now
+      size_t before = held_.size() - held_off_;
+      if (flush_held() || held_.size() - held_off_ != before) return true;
+    }
     if (plain_when_drained_) return false;
     if (p == Phase::kPending && now_ns() > deadline_ns_ && !orphaned_) {
       mu_.unlock();
@@ -696,7 +721,8 @@ bool Stream::advance_locked(bool full) {
     if (phase() == Phase::kSwitching && !rdma_dead_ && verified_ &&
         out_marker_off_ == sizeof out_marker_) {
       set_phase(Phase::kRdma);
-      if (fin_deferred_) (void)conn_->shutdown_write();
+      (void)flush_held();  // what the application wrote meanwhile goes first
+      deferred_fin();
       stats::set_upgraded(slot_, conn_->qp_num());
       LOG_DEBUG("fd %d: on RDMA (qp %u) %llu us after the socket's start, after %llu/%llu TCP bytes "
                 "out/in", tcp_fd_, conn_->qp_num(), us_since_start(),
@@ -713,6 +739,7 @@ bool Stream::advance_locked(bool full) {
     // back): our direction goes on over TCP.
     return true;
   }
+  if (held_pending() && phase() == Phase::kRdma) (void)flush_held();  // rest of the switch's
   if (full && slot_ && phase() == Phase::kRdma) {
     // Gauges for rsock-stat: refreshed off the hot path (waits, progress ticks).
     auto g = conn_->gauges();
@@ -739,13 +766,20 @@ bool Stream::advance_locked(bool full) {
 void Stream::rdma_failed_during_switch() {
   rdma_dead_ = true;
   if (out_marker_off_ == 0) {
-    offer_sent_ = false;  // our TCP direction reopens
-    if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
+    offer_sent_ = false;  // our TCP direction reopens: held bytes first
+    (void)flush_held();
+    deferred_fin();
   }
   if (out_marker_off_ == 0 && !offer_rcvd_) {
     LOG_DEBUG("fd %d: staying on TCP (the RDMA connection failed during the switch: %s)", tcp_fd_,
               strerror(conn_ && conn_->error() ? conn_->error() : ECONNRESET));
-    set_phase(Phase::kPlain);
+    if (held_pending()) {
+      conn_.reset();  // governs until they are out (advance_locked), then plain
+      plain_when_drained_ = true;
+      set_phase(Phase::kPending);
+    } else {
+      set_phase(Phase::kPlain);
+    }
     stats::set_fallback(slot_, stats::FallbackReason::kPeerClosed);
   }
 }
@@ -768,8 +802,9 @@ void Stream::revert_to_tcp(stats::FallbackReason reason, const char* why) {
   conn_.reset();
   stats::count_handshake_error();
   stats::set_fallback(slot_, reason);
-  if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
-  if (staging_.size() > staging_off_) {
+  (void)flush_held();  // our direction is on TCP again: what was held goes first
+  deferred_fin();
+  if (staging_.size() > staging_off_ || held_pending()) {
     set_phase(Phase::kPending);  // governs until staging is read, no conn: no retry
     plain_when_drained_ = true;
   } else {
@@ -785,6 +820,17 @@ void Stream::enter_switching() {
   offer_sent_ = true;
   out_marker_ = {wire::kMarkerMagic, peer_cookie_, tcp_tx_};
   offer_queued_ = true;
+  // What the switch may hold of the application's writes (holds()): no more
+  // than the kernel socket would take now, with room to spare, so that an
+  // abandoned switch can hand them to it; nor than the RDMA send ring takes
+  // at once when the switch ends.
+  held_cap_ = 0;
+  int queued = 0, sndbuf = 0;
+  socklen_t l = sizeof sndbuf;
+  if (sys::libc.ioctl(tcp_fd_, SIOCOUTQ, &queued) == 0 &&
+      sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_SNDBUF, &sndbuf, &l) == 0 && sndbuf / 2 > queued)
+    held_cap_ = std::min<size_t>({kMaxHeldBytes, size_t(sndbuf / 2 - queued) / 2,
+                                  conn_->writable() / 2});
   LOG_DEBUG("fd %d: RDMA connection up %llu us after the socket's start, switching at TCP bytes out/in "
             "%llu/%llu", tcp_fd_, us_since_start(),
             (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
@@ -992,9 +1038,9 @@ void Stream::orphan() {
     wake();
     return;
   }
-  if (phase() == Phase::kRdma) begin_close();
+  if (phase() == Phase::kRdma && (!held_pending() || flush_held())) begin_close();
   linger_deadline_ns_ = now_ns() + 10000ull * 1000000;  // like a kernel FIN_WAIT, bounded
-  if (phase() == Phase::kPending) {
+  if (phase() == Phase::kPending && !(held_pending() && !flush_held())) {
     // Nothing moved yet: abandon the rendezvous, the kernel ends the stream.
     // (The connection is destroyed by the progress thread: never block close().)
     if (conn_) (void)conn_->close();
@@ -1034,6 +1080,9 @@ bool Stream::linger_done() {
     return tcp_may_close();
   }
   Phase p = phase();
+  // Held bytes (written while the switch ran) are the application's data.
+  if (held_pending() && p != Phase::kBroken && !flush_held())
+    return now_ns() > linger_deadline_ns_;
   if (p == Phase::kBroken || rdma_dead_) return true;
   if (p == Phase::kPlain || !conn_) return tcp_may_close();
   if (p == Phase::kRdma) {

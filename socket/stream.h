@@ -244,6 +244,24 @@ class Stream {
   Status<size_t> try_recv(std::span<const iovec> iov, int flags);
   Status<size_t> try_recv_source(std::span<const iovec> iov, int flags);
   Status<size_t> try_send(std::span<const iovec> iov, int flags);
+  // Bytes written while the switch runs (held_): our TCP direction is
+  // closed at the OFFER and RDMA may not carry application bytes before the
+  // peer's marker is verified, but a kernel socket takes a fresh
+  // connection's writes at once. So they are accepted here, up to
+  // held_cap_, and go out first on whichever path carries our direction
+  // next: RDMA once the switch ends, TCP if it is abandoned.
+  bool holds(int flags) const {
+    return phase() == Phase::kSwitching && offer_sent_ && !rdma_dead_ && !wr_shut_ && conn_ &&
+           held_cap_ > 0 && !(flags & MSG_OOB);
+  }
+  bool held_pending() const { return held_off_ < held_.size(); }
+  size_t hold(std::span<const iovec> iov);
+  // Sends what it can of held_; true once it is empty (or can never go:
+  // the connection broke, as bytes in a kernel socket's queue would).
+  bool flush_held();
+  // shutdown(SHUT_WR) deferred during the switch: the FIN, on the path that
+  // carries our direction now, after any held bytes.
+  void deferred_fin();
   short events_locked(short interest);
   // Under mu_: everything of the switch that readiness depends on, to tell
   // whether a step changed any of it.
@@ -251,16 +269,18 @@ class Stream {
     return std::tuple(staging_.size() - staging_off_, tcp_tx_, tcp_rx_, offer_sent_, ready_rcvd_,
                       out_marker_off_, offer_rcvd_, ready_sent_, verified_, in_marker_got_,
                       tcp_eof_, rdma_dead_, plain_when_drained_, down_out_off_, down_in_got_,
-                      down_done_, backlog_ != nullptr, return_out_off_, return_in_got_);
+                      down_done_, backlog_ != nullptr, return_out_off_, return_in_got_,
+                      held_.size() - held_off_);
   }
   // Our side of the reverse switch is written (record, returned bytes,
   // backlog) and the peer's record is in: new bytes may follow on TCP.
   bool revert_settled() const {
-    return down_done_ && backlog_ == nullptr && return_out_off_ == return_out_.size();
+    return down_done_ && backlog_ == nullptr && return_out_off_ == return_out_.size() &&
+           !held_pending();
   }
   bool revert_out_pending() const {
     return down_out_off_ < sizeof down_out_ || return_out_off_ < return_out_.size() ||
-           backlog_ != nullptr;
+           backlog_ != nullptr || held_pending();
   }
 
   std::mutex mu_;
@@ -306,6 +326,10 @@ class Stream {
   bool plain_when_drained_ = false;     // fell back: plain once staging is read
   bool wr_shut_ = false, rd_shut_ = false;
   bool fin_deferred_ = false;           // shutdown(SHUT_WR) before the switch ended
+  bool fin_waits_held_ = false;         // ... and its FIN waits for held_ to go out
+  std::vector<std::byte> held_;         // written while switching (holds()), not sent yet
+  size_t held_off_ = 0;                 // sent of held_
+  size_t held_cap_ = 0;                 // how much the switch may hold (enter_switching)
   bool orphaned_ = false;
   bool close_started_ = false;
   bool closed_second_ = false;  // our FIN went after the peer's (linger_done)

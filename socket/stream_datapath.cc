@@ -101,7 +101,7 @@ Status<size_t> Stream::try_recv(std::span<const iovec> iov, int flags) {
   //    that is queued, not just up to an internal boundary).
   size_t n = copy_staging(iov, peek);
   if (n == 0) return try_recv_source(iov, flags);
-  if (plain_when_drained_ && staging_.empty()) set_phase(Phase::kPlain);
+  if (plain_when_drained_ && staging_.empty() && !held_pending()) set_phase(Phase::kPlain);
   if (n == iov_total(iov) || rd_shut_) return n;
   // (Rare: only right after a switch.)
   iovec rest[kIovWindow];
@@ -150,6 +150,11 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
   if (wr_shut_) return Err(EPIPE);
   // Switching back: new bytes only after the peer's record and our backlog.
   if (p == Phase::kReverting && !revert_settled()) return Err(EAGAIN);
+  if (holds(flags)) {
+    size_t n = hold(iov);
+    return n ? Status<size_t>(n) : Err(EAGAIN);
+  }
+  if (held_pending() && !flush_held()) return Err(EAGAIN);  // they go first
   if (tcp_tx_open()) {
     msghdr mh{};
     mh.msg_iov = const_cast<iovec*>(iov.data());
@@ -172,6 +177,77 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
   if (!r && r.error() == EAGAIN && slot_)
     slot_->traffic.credit_stalls.fetch_add(1, std::memory_order_relaxed);
   return r;
+}
+
+size_t Stream::hold(std::span<const iovec> iov) {
+  size_t room = held_cap_ - std::min(held_cap_, held_.size()), n = 0;
+  if (room > 0 && held_.capacity() < held_cap_) held_.reserve(held_cap_);  // once per switch
+  for (const iovec& v : iov) {
+    size_t take = std::min(v.iov_len, room - n);
+    auto* b = static_cast<const std::byte*>(v.iov_base);
+    held_.insert(held_.end(), b, b + take);
+    n += take;
+    if (n == room) break;
+  }
+  return n;
+}
+
+bool Stream::flush_held() {
+  while (held_pending()) {
+    Phase p = phase();
+    std::byte* b = held_.data() + held_off_;
+    size_t n = held_.size() - held_off_;
+    if (p == Phase::kBroken || (rdma_dead_ && out_marker_off_ > 0)) {
+      held_off_ = held_.size();  // reset: lost, as a kernel socket's queue would be
+      break;
+    }
+    if (p == Phase::kRdma && conn_) {
+      iovec v{b, n};
+      auto r = conn_->send({&v, 1});
+      // (An error: the connection switches back or resets; on TCP they follow.)
+      if (!r) return false;
+      held_off_ += *r;
+      if (slot_) slot_->add_tx(stats::Transport::kRdma, *r);
+      continue;
+    }
+    // On TCP: only once our direction is there again, after any record and
+    // backlog of a reverse switch.
+    if (!tcp_tx_open() || tcp_fd_ < 0 ||
+        (p == Phase::kReverting &&
+         (!down_done_ || backlog_ != nullptr || down_out_off_ < sizeof down_out_ ||
+          return_out_off_ < return_out_.size())))
+      return false;
+    ssize_t r = sys::libc.send(tcp_fd_, b, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EINTR || errno == ENOBUFS) return false;
+      held_off_ = held_.size();  // the kernel reports its error to the next call
+      break;
+    }
+    held_off_ += size_t(r);
+    tcp_tx_ += uint64_t(r);
+    if (slot_) slot_->add_tx(stats::Transport::kTcp, uint64_t(r));
+  }
+  held_.clear();
+  held_.shrink_to_fit();  // switch-time buffer: give it back
+  held_off_ = 0;
+  tx_gen_.fetch_add(1, std::memory_order_acq_rel);  // room appeared (edge-triggered POLLOUT)
+  if (fin_waits_held_) {
+    fin_waits_held_ = false;
+    deferred_fin();
+  }
+  if (phase() == Phase::kPending && !conn_ && plain_when_drained_ && staging_.empty())
+    set_phase(Phase::kPlain);
+  return true;
+}
+
+void Stream::deferred_fin() {
+  if (!fin_deferred_) return;
+  if (held_pending()) {
+    fin_waits_held_ = true;
+    return;
+  }
+  if (phase() == Phase::kRdma && conn_) (void)conn_->shutdown_write();
+  else if (tcp_fd_ >= 0) sys::libc.shutdown(tcp_fd_, SHUT_WR);
 }
 
 Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock) {
@@ -299,6 +375,8 @@ Status<size_t> Stream::send_room() {
   if (p == Phase::kBroken) return Err(err_ ? report_error() : EPIPE);
   if (wr_shut_) return Err(EPIPE);
   if (p == Phase::kReverting && !revert_settled()) return size_t{0};
+  if (holds(0)) return held_cap_ - held_.size();
+  if (held_pending() && !flush_held()) return size_t{0};
   if (tcp_tx_open()) {
     // The kernel socket's free send space, roughly (SO_SNDBUF counts
     // overhead too: half of it is payload); a send that takes less is
@@ -366,8 +444,11 @@ short Stream::events_locked(short interest) {
     ev |= POLLOUT;  // the write fails at once (EPIPE), as the kernel's does
   } else if (p == Phase::kRdma && conn_->writable() > 0) {
     ev |= POLLOUT;
+  } else if (holds(0) && held_.size() < held_cap_) {
+    ev |= POLLOUT;  // the switch runs: writes are held (a kernel socket takes them)
   }
-  if (backlog_ != nullptr) ev &= ~POLLOUT;  // our resent bytes go first
+  // Our resent or held bytes go first.
+  if (backlog_ != nullptr || (held_pending() && !holds(0))) ev &= ~POLLOUT;
   if ((ev & POLLRDHUP) && wr_shut_) ev |= POLLHUP;
   return ev & short(interest | POLLERR | POLLHUP);
 }

@@ -4,8 +4,11 @@
 #include <doctest/doctest.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <string>
 
 #include "helpers.h"
 
@@ -55,6 +58,53 @@ TEST_CASE("connect: blocking connect, accept and data both ways") {
   errno = 0;
   CHECK(connect(c, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == -1);
   CHECK(errno == EISCONN);
+}
+
+// A fresh connection takes writes at once on both ends, and says so in
+// poll(), for as long as little is queued. Under librsock the upgrade runs
+// underneath during exactly this time (TCP closes for our bytes at the
+// switch offer, RDMA opens once the peer's marker is verified): bytes
+// written meanwhile are held and sent first afterwards. Before, both ends
+// read as not writable and nonblocking writes failed with EAGAIN for that
+// window (conformance.rxe_same once failed the select case below on it).
+TEST_CASE("connect: both ends stay writable from the start, also while librsock upgrades") {
+  Pair p = connected_pair(AF_INET, /*await_upgrade=*/false);
+  set_nonblocking(p.client, true);
+  set_nonblocking(p.server, true);
+  // Small writes, one per end every half millisecond, nobody reading: a
+  // kernel socket takes all of them.
+  constexpr size_t kMax = 8192, kChunk = 16;
+  uint8_t buf[kChunk];
+  size_t sent[2] = {0, 0};
+  int64_t t0 = now_ms();
+  bool settled = false;
+  while (!settled && now_ms() - t0 < timeout_ms()) {
+    pollfd pf[2] = {{p.client, POLLOUT, 0}, {p.server, POLLOUT, 0}};
+    INFO((now_ms() - t0) << " ms in, transports " << transport_of(p.client) << "/"
+                       << transport_of(p.server) << ", sent " << sent[0] << "/" << sent[1]);
+    REQUIRE(poll(pf, 2, 0) == 2);
+    for (int i = 0; i < 2; i++) {
+      if (sent[i] == kMax) continue;
+      fill_pattern(buf, kChunk, sent[i], uint32_t(i + 1));
+      ssize_t w = write(i == 0 ? p.client : p.server, buf, kChunk);
+      INFO("end " << i << ": " << (w < 0 ? strerror(errno) : "short write"));
+      REQUIRE(w == ssize_t(kChunk));
+      sent[i] += kChunk;
+    }
+    // Until the upgrade (if any) has ended and some time has passed.
+    int tc = transport_of(p.client), ts = transport_of(p.server);
+    settled = tc != 1 && ts != 1 && (!expect_rdma() || (tc == 2 && ts == 2)) &&
+              now_ms() - t0 >= 100;
+    usleep(500);
+  }
+  CHECK(settled);
+  // Every byte arrives, in order, on each end.
+  for (int i = 0; i < 2; i++) {
+    set_nonblocking(i == 0 ? p.server : p.client, false);
+    std::string got(sent[i], '\0');
+    REQUIRE(read_exact(i == 0 ? p.server : p.client, got.data(), sent[i]) == sent[i]);
+    CHECK(check_pattern(got.data(), sent[i], 0, uint32_t(i + 1)) == sent[i]);
+  }
 }
 
 TEST_CASE("connect: nonblocking connect -> EINPROGRESS, POLLOUT, SO_ERROR 0") {

@@ -50,6 +50,10 @@ trap 'kill $WATCHDOG 2>/dev/null' EXIT
 # tests have shown rare flakes (docs/TESTING.md). A test that fails twice fails.
 (cd "$W" && ctest -L "$LABELS" -LE vm --output-on-failure --repeat until-pass:2) 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
+# Keep this run's log: any later ctest call in $W, even `ctest -N` below,
+# rewrites Testing/Temporary/LastTest.log (the digest at the end once read
+# that empty log and said nothing about a failed test).
+cp "$W/Testing/Temporary/LastTest.log" "$W/run.log" 2>/dev/null
 # Belt and braces: a pass needs ctest's own all-passed summary line too.
 grep -q '^100% tests passed' "$LOG" || { [ $rc = 0 ] && rc=1; }
 
@@ -67,6 +71,6 @@ fi
 failed=$(awk '/^The following tests FAILED:/ {on = 1; next} on && /^[[:space:]]+[0-9]+ - / {print $3; next} {on = 0}' "$LOG")
 if [ -n "$failed" ]; then
   echo "== digest of the failed tests (guest ctest)"
-  bash "$(dirname "$0")/../../tools/ctest-digest" "$W/Testing/Temporary/LastTest.log" $failed
+  bash "$(dirname "$0")/../../tools/ctest-digest" "$W/run.log" $failed
 fi
 exit $rc
