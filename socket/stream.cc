@@ -639,12 +639,23 @@ bool Stream::advance_locked(bool full) {
       redirected_ = true;
       uint16_t port = conn_->redirect_port();
       conn_.reset();
+      // The redirect proves a live librsock peer that knows this connection:
+      // the second rendezvous gets a whole window of its own. (It often
+      // comes late: the worker that accepted sets up its own rdma_cm
+      // listener and verbs state on its first accept, after fork. With the
+      // rest of the first window, multiproc.prefork's first connections
+      // timed out on a loaded guest in about one run of three.)
+      deadline_ns_ = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
       LOG_DEBUG("fd %d: rendezvous redirected to rdma_cm port %u", tcp_fd_, port);
       connect_locked(port);
       return true;
     }
     if (p == Phase::kPending) {
       auto [reason, cache] = setup_fallback(*conn_);
+      if (reason == stats::FallbackReason::kTimeout)
+        LOG_INFO("fd %d: RDMA rendezvous timed out (%s%s, %llu ms after the socket's start); "
+                 "staying on TCP", tcp_fd_, conn_->stage(), redirected_ ? ", redirected" : "",
+                 us_since_start() / 1000);
       uint8_t peer_reason = static_cast<uint8_t>(conn_->reject_reason());
       // Only the peer's own answer keeps it off RDMA for a while; a local
       // shortage (memlock, resources) says nothing about the peer.
@@ -672,6 +683,11 @@ bool Stream::advance_locked(bool full) {
   if (p == Phase::kPending) {
     if (!conn_->established()) {
       if (now_ns() > deadline_ns_) {
+        // Once per connection, and it says which step hung (the peer, its
+        // listener's redirect, or rdma_cm itself).
+        LOG_INFO("fd %d: RDMA rendezvous timed out (%s%s, %llu ms after the socket's start); "
+                 "staying on TCP", tcp_fd_, conn_->stage(), redirected_ ? ", redirected" : "",
+                 us_since_start() / 1000);
         negative_cache_add(peer_);
         mu_.unlock();
         fall_back(stats::FallbackReason::kTimeout);

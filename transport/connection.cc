@@ -278,7 +278,13 @@ Status<void> Connection::handle_cm_event(const rdma_cm_event& ev) {
         break;
       }
       state_ = State::kConnecting;
-      deadline_ns_ = now_ns() + uint64_t{tun_.connect_timeout_ms} * 1000000;
+      // A server holds a request until its application accepts the TCP
+      // connection, for up to upgrade_timeout_ms (docs/DESIGN.md,
+      // "Rendezvous"), and so does a listener's owner until a forked worker
+      // accepts it: no REP before then is no failure. (With 1 s, clients of
+      // a busy preforked server timed out, and cached the peer as one that
+      // does not answer.)
+      deadline_ns_ = now_ns() + uint64_t{std::max(tun_.connect_timeout_ms, tun_.upgrade_timeout_ms)} * 1000000;
       break;
     }
     case RDMA_CM_EVENT_CONNECT_RESPONSE:
@@ -386,6 +392,7 @@ void Connection::fail(int err) {
       setup_failure_ = err == ETIMEDOUT ? SetupFailure::kTimeout : SetupFailure::kConnect;
   }
   LOG_DEBUG("transport: connection qp %u failed: errno %d", qp_num(), err);
+  failed_in_ = state_;
   err_ = err;
   state_ = State::kError;
   deadline_ns_ = 0;
@@ -512,6 +519,18 @@ Status<void> Connection::progress() {
   // Nobody else reads the shared rdma_cm channel (no progress thread): we do.
   if (!cm_hub::serviced()) cm_hub::poll();
   handle_queued_cm_events();
+  if (state_ == State::kAccepting &&
+      (ctr_.controls_received | ctr_.credits_received | ctr_.data_recvs) != 0) {
+    // The peer sends only once it is established, after its RTU: a message
+    // here means our ESTABLISHED event is late (its RTU was lost or is
+    // still on its way; the CM resends its REP only seconds later). The QP
+    // saw the connection come up, which is what librdmacm asks to be told
+    // (IBV_EVENT_COMM_EST); a late ESTABLISHED is then ignored. Before, such
+    // a connection timed out in "accepting" on a loaded guest
+    // (multiproc.prefork, about one run in three).
+    (void)guarded::rdma_notify(id_, IBV_EVENT_COMM_EST);
+    on_established(nullptr, 0);
+  }
   if (cq_ != nullptr) {
     flush_pending();
     if (!cq_armed_ && state_ != State::kError) {

@@ -109,6 +109,15 @@ class Connection {
   bool established() const { return state_ == State::kEstablished || state_ == State::kClosing; }
   bool connecting() const { return state_ < State::kEstablished; }
   int error() const { return err_; }
+  // Where the setup is (for a timeout's report): "resolving address",
+  // "resolving route", "connecting", "accepting", "established", ...
+  // Once failed: the step it failed in.
+  const char* stage() const {
+    static constexpr const char* kNames[] = {"idle", "resolving address", "resolving route",
+                                             "connecting", "accepting", "established",
+                                             "closing", "closed", "failed"};
+    return kNames[static_cast<int>(state_ == State::kError ? failed_in_ : state_)];
+  }
   RejectReason reject_reason() const { return reject_reason_; }
   // With reject_reason() kRedirect: the port (host order) to send the same
   // request to.
@@ -216,6 +225,8 @@ class Connection {
     kIdle, kResolvingAddr, kResolvingRoute, kConnecting, kAccepting,
     kEstablished, kClosing, kClosed, kError,
   };
+
+  State failed_in_ = State::kError;  // the state fail() found (stage())
 
   explicit Connection(const config::Tunables& tun);
   Status<void> debug_post(ibv_wr_opcode op, uint32_t imm, uint32_t len, uint64_t remote_addr,

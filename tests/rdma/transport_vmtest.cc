@@ -2,6 +2,7 @@
 //   rsock_transport_vmtest <case>
 // Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side keepalive stall noport reject foreign_rkey hostile
 // Exit 77 with "SKIP: no RDMA device" when the host has no verbs device.
+#include <algorithm>
 #include <rdma/rdma_cma.h>
 
 #include <vector>
@@ -580,7 +581,8 @@ int noport_case() {
   CHECK(err == ECONNREFUSED || err == ETIMEDOUT, "unexpected error %d", err);
   CHECK(s < 2.0 + tun.resolve_timeout_ms / 1000.0, "failure took %.3f s", s);
   // An address nobody has (same subnet, no neighbour): the setup bounds
-  // (resolve_timeout_ms, twice, + connect_timeout_ms) must end it.
+  // (resolve_timeout_ms, twice, + the connect's: connect_timeout_ms, at
+  // least upgrade_timeout_ms) must end it.
   sockaddr_in gone = server_addr(1);
   inet_pton(AF_INET, "10.77.0.99", &gone.sin_addr);
   t0 = rsock::now_ns();
@@ -596,7 +598,8 @@ int noport_case() {
   s = secs_since(t0);
   log_line("unreachable: %s after %.3f s", std::strerror(err), s);
   CHECK(err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH, "unexpected error %d", err);
-  CHECK(s < (2 * tun.resolve_timeout_ms + tun.connect_timeout_ms) / 1000.0 + 0.5,
+  CHECK(s < (2 * tun.resolve_timeout_ms + std::max(tun.connect_timeout_ms, tun.upgrade_timeout_ms)) /
+                    1000.0 + 0.5,
         "failure took %.3f s", s);
   return 0;
 }
