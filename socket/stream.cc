@@ -8,7 +8,6 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
-#include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -652,10 +651,7 @@ bool Stream::advance_locked(bool full) {
     }
     if (p == Phase::kPending) {
       auto [reason, cache] = setup_fallback(*conn_);
-      if (reason == stats::FallbackReason::kTimeout)
-        LOG_INFO("fd %d: RDMA rendezvous timed out (%s%s, %llu ms after the socket's start); "
-                 "staying on TCP", tcp_fd_, conn_->stage(), redirected_ ? ", redirected" : "",
-                 us_since_start() / 1000);
+      if (reason == stats::FallbackReason::kTimeout) log_rendezvous_timeout();
       uint8_t peer_reason = static_cast<uint8_t>(conn_->reject_reason());
       // Only the peer's own answer keeps it off RDMA for a while; a local
       // shortage (memlock, resources) says nothing about the peer.
@@ -683,11 +679,7 @@ bool Stream::advance_locked(bool full) {
   if (p == Phase::kPending) {
     if (!conn_->established()) {
       if (now_ns() > deadline_ns_) {
-        // Once per connection, and it says which step hung (the peer, its
-        // listener's redirect, or rdma_cm itself).
-        LOG_INFO("fd %d: RDMA rendezvous timed out (%s%s, %llu ms after the socket's start); "
-                 "staying on TCP", tcp_fd_, conn_->stage(), redirected_ ? ", redirected" : "",
-                 us_since_start() / 1000);
+        log_rendezvous_timeout();
         negative_cache_add(peer_);
         mu_.unlock();
         fall_back(stats::FallbackReason::kTimeout);
@@ -828,6 +820,14 @@ void Stream::revert_to_tcp(stats::FallbackReason reason, const char* why) {
   }
 }
 
+// Once per connection, and it says which step hung (the peer, its
+// listener's redirect, or rdma_cm itself).
+void Stream::log_rendezvous_timeout() const {
+  LOG_INFO("fd %d: RDMA rendezvous timed out (%s%s, %llu ms after the socket's start); "
+           "staying on TCP", tcp_fd_, conn_->stage(), redirected_ ? ", redirected" : "",
+           us_since_start() / 1000);
+}
+
 void Stream::enter_switching() {
   set_phase(Phase::kSwitching);
   deadline_ns_ = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
@@ -840,13 +840,7 @@ void Stream::enter_switching() {
   // than the kernel socket would take now, with room to spare, so that an
   // abandoned switch can hand them to it; nor than the RDMA send ring takes
   // at once when the switch ends.
-  held_cap_ = 0;
-  int queued = 0, sndbuf = 0;
-  socklen_t l = sizeof sndbuf;
-  if (sys::libc.ioctl(tcp_fd_, SIOCOUTQ, &queued) == 0 &&
-      sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_SNDBUF, &sndbuf, &l) == 0 && sndbuf / 2 > queued)
-    held_cap_ = std::min<size_t>({kMaxHeldBytes, size_t(sndbuf / 2 - queued) / 2,
-                                  conn_->writable() / 2});
+  held_cap_ = std::min<size_t>({kMaxHeldBytes, tcp_send_space() / 2, conn_->writable() / 2});
   LOG_DEBUG("fd %d: RDMA connection up %llu us after the socket's start, switching at TCP bytes out/in "
             "%llu/%llu", tcp_fd_, us_since_start(),
             (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);

@@ -224,6 +224,9 @@ class Stream {
   void advance_inline(bool full);  // advance_locked() + wake sleepers if needed
   void connect_locked(uint16_t rport);
   void enter_switching();
+  void log_rendezvous_timeout() const;
+  // The kernel socket's free send space, roughly (SIOCOUTQ against SO_SNDBUF).
+  size_t tcp_send_space() const;
   void rdma_failed_during_switch();
   void revert_to_tcp(stats::FallbackReason reason, const char* why);
   void begin_close();

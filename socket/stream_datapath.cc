@@ -179,6 +179,16 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
   return r;
 }
 
+size_t Stream::tcp_send_space() const {
+  // SO_SNDBUF counts overhead too: half of it is payload.
+  int queued = 0, sndbuf = 0;
+  socklen_t l = sizeof sndbuf;
+  if (sys::libc.ioctl(tcp_fd_, SIOCOUTQ, &queued) != 0 ||
+      sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_SNDBUF, &sndbuf, &l) != 0)
+    return 0;
+  return sndbuf / 2 > queued ? size_t(sndbuf / 2 - queued) : 0;
+}
+
 size_t Stream::hold(std::span<const iovec> iov) {
   size_t room = held_cap_ - std::min(held_cap_, held_.size()), n = 0;
   if (room > 0 && held_.capacity() < held_cap_) held_.reserve(held_cap_);  // once per switch
@@ -377,17 +387,7 @@ Status<size_t> Stream::send_room() {
   if (p == Phase::kReverting && !revert_settled()) return size_t{0};
   if (holds(0)) return held_cap_ - held_.size();
   if (held_pending() && !flush_held()) return size_t{0};
-  if (tcp_tx_open()) {
-    // The kernel socket's free send space, roughly (SO_SNDBUF counts
-    // overhead too: half of it is payload); a send that takes less is
-    // completed by the caller.
-    int queued = 0, sndbuf = 0;
-    socklen_t l = sizeof sndbuf;
-    if (sys::libc.ioctl(tcp_fd_, SIOCOUTQ, &queued) != 0 ||
-        sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_SNDBUF, &sndbuf, &l) != 0)
-      return size_t{0};
-    return sndbuf / 2 > queued ? size_t(sndbuf / 2 - queued) : size_t{0};
-  }
+  if (tcp_tx_open()) return tcp_send_space();  // a send that takes less is completed by the caller
   if (p != Phase::kRdma) return size_t{0};
   return conn_->writable();
 }
