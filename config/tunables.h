@@ -20,6 +20,12 @@ struct Tunables {
   // the device stopped working the queue (rxe after a link flap leaves the QP
   // in RTS with its requester parked for good): the path is treated as failed.
   uint32_t stall_timeout_ms = 5000;
+  // A port whose sequence errors (packets lost on the wire, as the device
+  // counts them) reach this many per million packets is lossy: RC's
+  // go-back-N then does far worse than TCP, so its busy connections switch
+  // back and their peers stay on TCP for negative_cache_ttl_s. 0 = never.
+  // (rxe between two guests: 0 on a clean wire, about 4600 with 2 % loss.)
+  uint32_t lossy_path_ppm = 1000;
   uint32_t send_queue_depth = 128;    // send WRs per QP (data chunks, credits, control)
   uint32_t recv_slots = 64;           // receive WRs per QP; announced to the peer (4..1024)
   // Upgrade (socket layer) ----------------------------------------------------

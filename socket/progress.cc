@@ -33,6 +33,7 @@
 #include "transport/cm_hub.h"
 #include "transport/fds.h"
 #include "transport/listener.h"
+#include "transport/path_quality.h"
 #include "util/log.h"
 #include "util/owned_fds.h"
 #include "util/stats.h"
@@ -164,6 +165,7 @@ struct PendingRequest {
 struct NegativeEntry {
   sockaddr_storage peer;
   uint64_t expires_ns;
+  bool whole_host;  // any port of peer's address (a lossy path)
 };
 
 struct Watch {
@@ -368,6 +370,12 @@ void service_listeners(uint64_t now) {
         l.listener->reject(std::move(*r), transport::RejectReason::kBadVersion);
         continue;
       }
+      // A host whose path we found lossy stays on TCP for a while; its
+      // client caches us in turn (RejectReason::kLossyPath).
+      if (negative_cache_host(r->peer_addr())) {
+        l.listener->reject(std::move(*r), transport::RejectReason::kLossyPath);
+        continue;
+      }
       // It may arrive before the application accepts the TCP connection;
       // unless we are out of fds, when its connection cannot have a stream:
       // "no resources" keeps the client from blaming (caching) this peer.
@@ -541,6 +549,77 @@ void owner_exited(int fd, uint64_t now) {
   }
 }
 
+// Choosing the better path (transport/path_quality.h): every kLossCheckNs,
+// the counters of each port that upgraded streams run on. A port found
+// lossy sends its busy streams (those that moved bytes since the last look)
+// back to TCP for kLossyHoldNs (a stream whose lock was taken is tried at
+// the next look), and their peer hosts into the negative cache, whole host.
+// Idle streams stay: loss costs them nothing until they send, and then the
+// next look finds them busy. The ports are per process: each process reads
+// the counters itself (four small sysfs reads per port every 250 ms, only
+// while it has a stream on RDMA). The look runs often because a lossy RC
+// path moves little: every 250 ms lost is time at a fraction of TCP's rate.
+constexpr uint64_t kLossCheckNs = 250'000'000;
+constexpr uint64_t kLossyHoldNs = 2'000'000'000;
+struct PortWatch {
+  char device[64];
+  uint8_t port;
+  transport::path_quality::PortJudge judge;
+  uint64_t lossy_until_ns = 0;
+  bool seen = false;
+};
+std::vector<PortWatch> g_ports;
+uint64_t g_next_loss_check_ns = 0;
+
+PortWatch* port_watch(const Stream::PortLook& look) {
+  for (auto& p : g_ports)
+    if (p.port == look.port && std::strcmp(p.device, look.device) == 0) return &p;
+  PortWatch& p = g_ports.emplace_back();
+  std::memcpy(p.device, look.device, sizeof p.device);
+  p.port = look.port;
+  return &p;
+}
+
+// Under g_mu, every tick.
+void check_paths(uint64_t now) {
+  uint32_t ppm = process_config().tunables.lossy_path_ppm;
+  if (ppm == 0 || now < g_next_loss_check_ns) return;
+  g_next_loss_check_ns = now + kLossCheckNs;
+  for (auto& p : g_ports) p.seen = false;
+  bool any = false;
+  for (size_t i = 0; i < g_streams.size(); i++) {
+    Stream* st = g_streams[i];
+    Stream::PortLook look;
+    if (!g_stream_owner[i] || st->phase() != Phase::kRdma || !st->look_port(&look)) continue;
+    port_watch(look)->seen = true;
+    any = true;
+  }
+  std::erase_if(g_ports, [](const PortWatch& p) { return !p.seen; });  // a new judgement later
+  if (!any) return;
+  for (auto& p : g_ports) {
+    auto v = p.judge.feed(transport::path_quality::read(p.device, p.port), now, ppm);
+    if (v != transport::path_quality::PortJudge::Verdict::kLossy) continue;
+    if (p.lossy_until_ns <= now)
+      LOG_WARN("%s port %u loses packets: %llu sequence errors in %llu packets (lossy_path_ppm "
+               "%u); its busy connections go back to TCP, their peers stay on TCP for %u s",
+               p.device, unsigned(p.port), (unsigned long long)p.judge.last_errors(),
+               (unsigned long long)p.judge.last_packets(), ppm,
+               process_config().tunables.negative_cache_ttl_s);
+    p.lossy_until_ns = now + kLossyHoldNs;
+  }
+  for (size_t i = 0; i < g_streams.size(); i++) {
+    Stream* st = g_streams[i];
+    Stream::PortLook look;
+    if (!g_stream_owner[i] || st->phase() != Phase::kRdma || !st->look_port(&look)) continue;
+    bool busy = look.moved != st->moved_at_loss_check;
+    st->moved_at_loss_check = look.moved;
+    PortWatch* p = port_watch(look);
+    if (busy && p->lossy_until_ns > now &&
+        st->try_revert(RevertMode::kKeep, stats::FallbackReason::kLossyPath))
+      negative_cache_add(st->peer(), /*whole_host=*/true);
+  }
+}
+
 // Under g_mu, every tick: retries of takeovers whose port was taken, and
 // owners that gave the listener up alive (closed their socket: the table's
 // owner changed or was cleared, drop_listener).
@@ -574,6 +653,7 @@ void* thread_main(void*) {
       expire_listeners(now);
       // (Not busy for it: a retry is 20 ms to 1 s away, the idle tick is 50.)
       if (!g_inherited_listeners.empty()) retry_take_overs(now);
+      check_paths(now);
       for (size_t i = 0; i < g_streams.size();) {
         Stream* st = g_streams[i];
         if (!g_stream_owner[i]) {
@@ -712,18 +792,28 @@ bool negative_cache_hit(const sockaddr_storage& peer) {
   std::lock_guard lk(g_neg_mu);
   uint64_t now = now_ns();
   for (auto& e : g_negative)
-    if (e.expires_ns > now && port_of(e.peer) == port_of(peer) &&
+    if (e.expires_ns > now && (e.whole_host || port_of(e.peer) == port_of(peer)) &&
         same_ip(reinterpret_cast<const sockaddr*>(&e.peer), reinterpret_cast<const sockaddr*>(&peer)))
       return true;
   return false;
 }
 
-void negative_cache_add(const sockaddr_storage& peer) {
+bool negative_cache_host(const sockaddr* addr) {
+  std::lock_guard lk(g_neg_mu);
+  uint64_t now = now_ns();
+  for (auto& e : g_negative)
+    if (e.whole_host && e.expires_ns > now &&
+        same_ip(reinterpret_cast<const sockaddr*>(&e.peer), addr))
+      return true;
+  return false;
+}
+
+void negative_cache_add(const sockaddr_storage& peer, bool whole_host) {
   uint64_t exp = now_ns() + uint64_t{process_config().tunables.negative_cache_ttl_s} * 1000000000;
   std::lock_guard lk(g_neg_mu);
   uint64_t now = now_ns();
   std::erase_if(g_negative, [&](const NegativeEntry& e) { return e.expires_ns <= now; });
-  if (g_negative.size() < 4096) g_negative.push_back({peer, exp});
+  if (g_negative.size() < 4096) g_negative.push_back({peer, exp, whole_host});
 }
 
 Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
@@ -812,6 +902,11 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
   if (!eligible(config::Direction::kServer, reinterpret_cast<sockaddr*>(&local))) return nullptr;
   if (io_uring_started()) {  // the client's request is rejected: no stream matches it
     stats::set_fallback(s->slot(), stats::FallbackReason::kIoUring);
+    return nullptr;
+  }
+  // A host whose path we found lossy: its request is rejected (kLossyPath).
+  if (negative_cache_host(reinterpret_cast<const sockaddr*>(&peer))) {
+    stats::set_fallback(s->slot(), stats::FallbackReason::kNegativeCache);
     return nullptr;
   }
   if (!fd_room(s)) return nullptr;  // its request is rejected with kNoResources

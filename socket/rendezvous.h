@@ -37,8 +37,12 @@ void listener_in_use(int fd);
 sockaddr_storage cm_address(const sockaddr_storage& a);
 
 // Peers that refused or did not answer, skipped for negative_cache_ttl_s.
+// `whole_host`: every port of the peer's address (a lossy path concerns the
+// host, not one service); a server also refuses such a host's requests.
 bool negative_cache_hit(const sockaddr_storage& peer);
-void negative_cache_add(const sockaddr_storage& peer);
+void negative_cache_add(const sockaddr_storage& peer, bool whole_host = false);
+// A host entered with whole_host (any port), for a server's requests.
+bool negative_cache_host(const sockaddr* addr);
 
 // The progress thread calls fn(arg) (without its own locks held) whenever fd
 // is readable; fn must make it unreadable again or it is called every time

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -193,6 +194,8 @@ std::pair<stats::FallbackReason, bool> setup_fallback(const transport::Connectio
     case F::kNoListener: return {R::kPeerNotRsock, true};
     case F::kRejected:
       // The peer ran out of memory or pinned budget: try it again next time.
+      // A peer that found our path lossy: the caller caches the whole host.
+      if (c.reject_reason() == transport::RejectReason::kLossyPath) return {R::kLossyPath, true};
       return {R::kRejected, c.reject_reason() != transport::RejectReason::kNoResources};
     case F::kTimeout: return {R::kTimeout, true};
     case F::kNone:
@@ -501,6 +504,28 @@ bool Stream::revert(RevertMode mode, stats::FallbackReason why) {
   return started;
 }
 
+bool Stream::look_port(PortLook* out) {
+  std::unique_lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock() || phase() != Phase::kRdma || !conn_) return false;
+  const char* dev = conn_->device_name();
+  if (dev == nullptr) return false;
+  std::snprintf(out->device, sizeof out->device, "%s", dev);
+  out->port = conn_->port_num();
+  out->moved = conn_->tx_position() + conn_->rx_arrived();
+  return true;
+}
+
+bool Stream::try_revert(RevertMode mode, stats::FallbackReason why) {
+  bool started;
+  {
+    std::unique_lock lk(mu_, std::try_to_lock);
+    if (!lk.owns_lock()) return false;
+    started = revert_locked(mode, why);
+  }
+  wake();
+  return started;
+}
+
 void Stream::debug_fail_path() {
   {
     std::lock_guard lk(mu_);
@@ -655,7 +680,7 @@ bool Stream::advance_locked(bool full) {
       uint8_t peer_reason = static_cast<uint8_t>(conn_->reject_reason());
       // Only the peer's own answer keeps it off RDMA for a while; a local
       // shortage (memlock, resources) says nothing about the peer.
-      if (cache) negative_cache_add(peer_);
+      if (cache) negative_cache_add(peer_, reason == stats::FallbackReason::kLossyPath);
       mu_.unlock();
       fall_back(reason, peer_reason);
       mu_.lock();

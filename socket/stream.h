@@ -169,6 +169,18 @@ class Stream {
                       stats::FallbackReason why = stats::FallbackReason::kHandedOff);
   // Tests: the RDMA path fails as a broken link would (RSOCK_DEBUG_FAIL_PATH).
   void debug_fail_path();
+  // The progress thread's loss check (transport/path_quality.h), which may
+  // not wait for mu_: the device and port of the RDMA connection and the
+  // stream bytes it has moved; false if not on RDMA or mu_ is taken.
+  struct PortLook {
+    char device[64];
+    uint8_t port;
+    uint64_t moved;
+  };
+  bool look_port(PortLook* out);
+  // revert() if mu_ is free right now; whether it started.
+  bool try_revert(RevertMode mode, stats::FallbackReason why);
+  uint64_t moved_at_loss_check = 0;  // progress thread only, under its lock
   bool tcp_watched = false;  // progress thread only, under its lock
   uint64_t next_tick_ns = 0;  // progress thread only: next look while on RDMA
 

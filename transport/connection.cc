@@ -500,6 +500,12 @@ void Connection::abort() {
 
 uint32_t Connection::qp_num() const { return qp_ ? qp_->qp_num : 0; }
 
+const char* Connection::device_name() const {
+  return qp_ && id_ && id_->verbs ? ibv_get_device_name(id_->verbs->device) : nullptr;
+}
+
+uint8_t Connection::port_num() const { return qp_ && id_ ? id_->port_num : 0; }
+
 Status<void> Connection::progress() {
   if (cq_ != nullptr) {
     // The completion channel: take its event so fd() goes quiet; the CQ is

@@ -168,6 +168,10 @@ class Connection {
     return {reinterpret_cast<const std::byte*>(peer_.payload), peer_.payload_len};
   }
   uint32_t qp_num() const;
+  // The device and port the connection runs on (for the port's counters,
+  // path_quality.h); nullptr / 0 while there is no QP.
+  const char* device_name() const;
+  uint8_t port_num() const;
   const Counters& counters() const { return ctr_; }
   // Ring occupancy and credit, for rsock-stat.
   struct Gauges {

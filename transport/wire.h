@@ -100,6 +100,7 @@ enum class RejectReason : uint8_t {
   kRefused = 5,      // the socket layer refused (reject(req, ...))
   kTimeout = 6,      // request not accepted in time
   kRedirect = 7,     // send the same request to the port the reject names
+  kLossyPath = 8,    // the path between us loses packets: RDMA would do worse than TCP
 };
 
 struct SetupBlock {

@@ -34,14 +34,15 @@ const char* fallback_reason_name(FallbackReason r) {
       "timeout",  "negative_cache", "no_resources", "protocol", "unsupported",   "peer_closed",
       "forked",   "other",       "memlock",        "connect_failed",
       "path_failed", "handed_off",  "released",       "fd_limit",
-      "io_uring"};
+      "io_uring", "lossy_path"};
   auto i = static_cast<unsigned>(r);
   return i < kFallbackReasons ? kNames[i] : "unknown";
 }
 
 const char* peer_reason_name(uint8_t r) {
   static const char* const kNames[] = {"none",         "bad_magic", "bad_version", "bad_setup",
-                                       "no_resources", "refused",   "timeout"};
+                                       "no_resources", "refused",   "timeout",
+                                       "redirect",     "lossy_path"};
   return r < sizeof kNames / sizeof kNames[0] ? kNames[r] : "unknown";
 }
 

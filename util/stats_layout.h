@@ -23,7 +23,7 @@ constexpr uint64_t kMagic = 0x0054534b434f5352ull;
 // 4: kPathFailed, kHandedOff, kReleased (an upgraded connection switched back),
 //    kFdLimit; SegmentHeader::release (the writer's librsock release)
 // 5: kIoUring
-constexpr uint32_t kLayoutVersion = 5;
+constexpr uint32_t kLayoutVersion = 6;
 constexpr uint32_t kInitialSlots = 64;
 constexpr uint32_t kMaxFiles = 20;  // main + 19 extensions, doubling: ~33M slots
 
@@ -65,8 +65,11 @@ enum class FallbackReason : uint8_t {
   kReleased = 18,       // asked to (RSOCK_REVERT), or to give its resources back
   kFdLimit = 19,        // librsock's half of RLIMIT_NOFILE is used up (3 fds per connection)
   kIoUring = 20,        // the process set up io_uring, whose I/O bypasses the hooks
+  kLossyPath = 21,      // its RDMA port lost packets at a rate where RC does far worse
+                        // than TCP (transport/path_quality.h): back to TCP, the peer
+                        // stays on TCP for negative_cache_ttl_s
 };
-constexpr int kFallbackReasons = 21;
+constexpr int kFallbackReasons = 22;
 
 const char* transport_name(Transport t);
 const char* state_name(ConnState s);

@@ -22,6 +22,12 @@
 //   fdpass          a worker forked before the connection existed receives the
 //                   upgraded socket over a UNIX socket (SCM_RIGHTS) and
 //                   finishes the stream; the server closes its copy
+//   lossy           the RDMA port starts losing packets: the device counters
+//                   librsock reads (RSOCK_DEBUG_HW_COUNTERS, a directory both
+//                   ends share) jump to 5000 sequence errors per million
+//                   packets; both ends must go back to TCP (lossy_path), and
+//                   a second connection to the same host must stay on TCP
+//                   from its connect() on (the negative cache)
 // Every case must end with every byte delivered exactly once, both ends
 // back on TCP, and no error. Exit 0 pass, 1 fail, 77 no RDMA device.
 //
@@ -47,6 +53,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "preload/librsock.h"
 
@@ -126,6 +133,10 @@ struct Pump {
   uint64_t tx = 0, rx = 0;
   bool shut = false, eof = false;
   bool saw_rdma = false;
+  // Two-host runs: when the stream went onto RDMA and back (seconds since
+  // run() began, -1: never), and the bytes each way at those moments.
+  double rdma_at = -1, tcp_again_at = -1;
+  uint64_t rdma_tx = 0, rdma_rx = 0, back_tx = 0, back_rx = 0;
   double hold_s = 1e9;  // how long to hold back 3/4 of the bytes for the upgrade
 };
 
@@ -182,8 +193,16 @@ void run(Pump& p, F act) {
     if (std::chrono::duration<double>(Clock::now() - t0).count() > kTimeoutS)
       fail("stuck: tx %llu rx %llu of %llu, transport %d", (unsigned long long)p.tx,
            (unsigned long long)p.rx, (unsigned long long)p.total, transport(p.fd));
+    if (p.saw_rdma && p.tcp_again_at < 0 && transport(p.fd) != RSOCK_TRANSPORT_RDMA) {
+      p.tcp_again_at = std::chrono::duration<double>(Clock::now() - t0).count();
+      p.back_tx = p.tx;
+      p.back_rx = p.rx;
+    }
     if (!p.saw_rdma && transport(p.fd) == RSOCK_TRANSPORT_RDMA) {
       p.saw_rdma = true;
+      p.rdma_at = std::chrono::duration<double>(Clock::now() - t0).count();
+      p.rdma_tx = p.tx;
+      p.rdma_rx = p.rx;
       // Two-host runs: tell the fault injector that the stream is on RDMA.
       if (const char* mark = getenv("RSOCK_PAIR_MARK")) close(open(mark, O_CREAT | O_WRONLY, 0644));
     }
@@ -244,7 +263,47 @@ int client_main(uint16_t port, uint64_t total, const std::string& c) {
     return true;
   });
   finish(p, true);
+  if (c == "lossy") {
+    // Whichever end judged the path lossy keeps the other host on TCP: if
+    // this end did, the next connect() starts no rendezvous at all; if only
+    // the server did (we joined its switch back), its answer to our next
+    // request is a lossy_path rejection, which this end caches in turn. So
+    // of two more connections, neither may reach RDMA, and the last must
+    // read as plain TCP right after connect().
+    for (int k = 2; k <= 3; k++) {
+      fd = socket(AF_INET, SOCK_STREAM, 0);
+      if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fail("connect %d: %s", k, strerror(errno));
+      int t = transport(fd);
+      if (k == 3 && t != RSOCK_TRANSPORT_TCP)
+        fail("connection 3: transport %d after connect, want tcp (negative cache)", t);
+      auto t0 = Clock::now();
+      while (t == RSOCK_TRANSPORT_UPGRADING && std::chrono::duration<double>(Clock::now() - t0).count() < 15) {
+        usleep(10000);
+        t = transport(fd);
+      }
+      if (t != RSOCK_TRANSPORT_TCP) fail("connection %d: transport %d, want tcp", k, t);
+      if (write(fd, "x", 1) != 1) fail("write %d: %s", k, strerror(errno));
+      say("connection %d to the lossy host stays on TCP", k);
+      close(fd);
+    }
+  }
   return 0;
+}
+
+// The lossy case's device counters (transport/path_quality.h names, rxe's).
+void write_counters(const std::string& dir, uint64_t packets, uint64_t errors) {
+  const std::pair<const char*, uint64_t> kv[] = {{"sent_pkts", packets / 2},
+                                                 {"rcvd_pkts", packets - packets / 2},
+                                                 {"out_of_seq_request", errors / 2},
+                                                 {"rcvd_seq_err", errors - errors / 2}};
+  for (auto& [name, v] : kv) {
+    std::string tmp = dir + "/." + name, path = dir + "/" + name;
+    FILE* f = fopen(tmp.c_str(), "w");
+    if (!f) fail("counters: %s", strerror(errno));
+    fprintf(f, "%llu\n", (unsigned long long)v);
+    fclose(f);
+    if (rename(tmp.c_str(), path.c_str()) != 0) fail("rename: %s", strerror(errno));
+  }
 }
 
 // Two-host runs: the server accepts one connection on ADDR:PORT, the client
@@ -302,6 +361,10 @@ int pair_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
   say("done: %llu MiB each way in %.1f s, every byte checked; rdma seen: %s; transport at the end: %s",
       (unsigned long long)(total >> 20), s, p.saw_rdma ? "yes" : "no",
       t == RSOCK_TRANSPORT_RDMA ? "rdma" : t == RSOCK_TRANSPORT_TCP ? "tcp" : "other");
+  if (p.saw_rdma)
+    say("on RDMA at %.2f s (tx %llu rx %llu); left RDMA at %.2f s (tx %llu rx %llu)", p.rdma_at,
+        (unsigned long long)p.rdma_tx, (unsigned long long)p.rdma_rx, p.tcp_again_at,
+        (unsigned long long)p.back_tx, (unsigned long long)p.back_rx);
   printf("RESULT %s saw_rdma=%d transport=%d seconds=%.1f\n", g_who, p.saw_rdma ? 1 : 0, t, s);
   fflush(stdout);
   close(fd);
@@ -449,6 +512,14 @@ int main(int argc, char** argv) {
     return 77;
   }
   listen(l, 8);
+  std::string hwc;
+  if (c == "lossy") {  // before the client starts: it inherits the variable
+    char d[] = "/tmp/rsock-hwc-XXXXXX";
+    if (!mkdtemp(d)) fail("mkdtemp: %s", strerror(errno));
+    hwc = d;
+    write_counters(hwc, 0, 0);
+    setenv("RSOCK_DEBUG_HW_COUNTERS", d, 1);
+  }
   socklen_t al = sizeof a;
   getsockname(l, reinterpret_cast<sockaddr*>(&a), &al);
   uint16_t port = ntohs(a.sin_port);
@@ -487,7 +558,9 @@ int main(int argc, char** argv) {
   }
   int fd = accept(l, nullptr, nullptr);
   if (fd < 0) fail("accept: %s", strerror(errno));
-  close(l);
+  int l2 = -1;  // the lossy case's second connection
+  if (c == "lossy") l2 = l;
+  else close(l);
   Pump p;
   p.fd = fd;
   p.seed_tx = 2;
@@ -498,6 +571,12 @@ int main(int argc, char** argv) {
   run(p, [&](Pump& q) {
     if (c == "revert_client" || c == "fail_client") return true;
     if (!ready_to_act(q)) return false;
+    if (c == "lossy") {
+      write_counters(hwc, 200000, 1000);
+      say("the port loses packets now (device counters: 5000 ppm) at tx %llu rx %llu",
+          (unsigned long long)q.tx, (unsigned long long)q.rx);
+      return true;
+    }
     if (c == "revert_server" || c == "fail_server") {
       int opt = c == "revert_server" ? RSOCK_REVERT : RSOCK_DEBUG_FAIL_PATH;
       if (setsockopt(q.fd, SOL_RSOCK, opt, &one, sizeof one) != 0) fail("setsockopt: %s", strerror(errno));
@@ -538,6 +617,17 @@ int main(int argc, char** argv) {
   });
   if (!handed) finish(p, true);
   if (strcmp(g_who, "child") == 0) _exit(0);
+  if (c == "lossy") {
+    for (int k = 2; k <= 3; k++) {
+      int fd2 = accept(l2, nullptr, nullptr);
+      char x = 0;
+      if (fd2 < 0 || read(fd2, &x, 1) != 1 || x != 'x') fail("connection %d: no byte", k);
+      close(fd2);
+    }
+    for (const char* n : {"sent_pkts", "rcvd_pkts", "out_of_seq_request", "rcvd_seq_err"})
+      unlink((hwc + "/" + n).c_str());
+    rmdir(hwc.c_str());
+  }
   rc |= wait_child(client, "client");
   if (rc == 0) printf("PASS: %s\n", c.c_str());
   return rc;
