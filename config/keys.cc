@@ -29,6 +29,7 @@ const KeySpec kKeys[] = {
     {"negative_cache_ttl_s", KeyKind::kUint, &Tunables::negative_cache_ttl_s, nullptr, 0, 86400},
     {"port_offset", KeyKind::kUint, &Tunables::port_offset, nullptr, 0, 65535},
     {"fork_hand_off", KeyKind::kBool, nullptr, &Tunables::fork_hand_off},
+    {"reupgrade", KeyKind::kBool, nullptr, &Tunables::reupgrade},
     {"stats", KeyKind::kBool, nullptr, &Tunables::stats},
     {"debug_checks", KeyKind::kBool, nullptr, &Tunables::debug_checks},
     {"log_level", KeyKind::kLogLevel},

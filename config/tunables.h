@@ -37,6 +37,10 @@ struct Tunables {
   // fail with ECONNRESET in the child, which suits programs that fork only
   // to snapshot or to exec something unrelated).
   bool fork_hand_off = true;
+  // A connection that switched back to TCP because its RDMA path failed, or
+  // because its peer switched back, tries RDMA again (docs/DESIGN.md,
+  // "Upgrading again"). Off: it stays on TCP, as before.
+  bool reupgrade = true;
   // Observability -------------------------------------------------------------
   bool stats = true;                  // publish counters for rsock-stat
   // Internal invariants checked at run time (abort with a message when one

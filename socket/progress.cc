@@ -405,6 +405,7 @@ void service_listeners(uint64_t now) {
 // Under g_mu: one-shot watch of an upgraded stream's idle TCP socket.
 void watch_idle_tcp(Stream* st, int op) {
   st->tcp_watched = true;
+  st->tcp_watch_armed = true;
   if (st->tcp_fd() < 0) return;
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLONESHOT;
@@ -418,6 +419,7 @@ void idle_tcp_event(int fd) {
     Stream* st = g_streams[i];
     if (st->tcp_fd() != fd || !st->tcp_watched) continue;
     if (st->check_idle_tcp()) watch_idle_tcp(st, EPOLL_CTL_MOD);
+    else st->tcp_watch_armed = false;  // one-shot: disarmed until on RDMA again
     return;
   }
 }
@@ -668,11 +670,17 @@ void* thread_main(void*) {
           }
           busy = true;
         } else {
-          if (st->take_start_request()) st->start_client();
+          if (st->take_start_request() || st->reupgrade_due(now)) st->start_client();
           Phase p = st->phase();
           if (p != Phase::kPending && !g_claims.empty()) drop_claim(st);
-          if (p == Phase::kRdma && !st->tcp_watched) watch_idle_tcp(st, EPOLL_CTL_ADD);
-          if (p == Phase::kPending || p == Phase::kSwitching || p == Phase::kReverting) busy = true;
+          // (Armed again after a reverse switch and a new upgrade.)
+          if (p == Phase::kRdma && !st->tcp_watch_armed)
+            watch_idle_tcp(st, st->tcp_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD);
+          // A stream waiting to upgrade again waits for seconds: its timer
+          // and a listener's fd wake the thread, the idle tick suffices.
+          if ((p == Phase::kPending && !st->waits_to_reupgrade()) || p == Phase::kSwitching ||
+              p == Phase::kReverting)
+            busy = true;
           // An upgraded stream needs the thread only for its keepalive (its
           // reader or poller handles the rest): a look every keepalive_ms/2,
           // not every tick. Measured with 2000 upgraded sockets in the VM,

@@ -133,7 +133,14 @@ unsigned long long Stream::us_since_start() const { return (now_ns() - born_ns_)
 
 void Stream::start_client() {
   std::lock_guard lk(mu_);
-  if (phase() != Phase::kPending || orphaned_) return;  // fell back (fork) or closed meanwhile
+  reup_at_ns_.store(0, std::memory_order_release);
+  if (phase() != Phase::kPending || orphaned_ || conn_) return;  // fell back (fork) or closed meanwhile
+  if (reup_) {
+    reup_waiting_.store(false, std::memory_order_release);
+    deadline_ns_ = now_ns() + uint64_t{std::max(process_config().tunables.upgrade_timeout_ms,
+                                                 process_config().tunables.connect_timeout_ms)} *
+                                  1000000;
+  }
   uint16_t port = ntohs(reinterpret_cast<const sockaddr_in*>(&peer_)->sin_port);  // same offset in v6
   connect_locked(static_cast<uint16_t>(port + process_config().tunables.port_offset));
 }
@@ -159,9 +166,11 @@ void Stream::connect_locked(uint16_t rport) {
       std::as_bytes(std::span(&req, 1)), process_config().tunables);
   if (!c) {
     // No rdma_cm id or address: the device or route is not there.
+    auto reason = c.error() == ENODEV ? stats::FallbackReason::kNoDevice
+                                      : stats::FallbackReason::kResolveFailed;
+    if (reup_ && retry_reupgrade(reason)) return;
     mu_.unlock();
-    fall_back(c.error() == ENODEV ? stats::FallbackReason::kNoDevice
-                                  : stats::FallbackReason::kResolveFailed);
+    fall_back(reason);
     mu_.lock();
     return;
   }
@@ -175,6 +184,7 @@ void Stream::connect_locked(uint16_t rport) {
 void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
                              uint8_t version) {
   std::lock_guard lk(mu_);
+  reup_waiting_.store(false, std::memory_order_release);
   version_ = version;
   conn_ = std::move(conn);
   conn_->set_notify(notify_stream, this);
@@ -217,9 +227,13 @@ void warn_memlock() {
 }
 
 void Stream::fall_back(stats::FallbackReason reason, uint8_t peer_reason) {
+  bool again;
   {
     std::lock_guard lk(mu_);
     if (phase() != Phase::kPending) return;  // too late: bytes are committed
+    again = reup_;
+    reup_at_ns_.store(0, std::memory_order_release);
+    reup_waiting_.store(false, std::memory_order_release);
     conn_.reset();
     deferred_fin();
     // Bytes read ahead are delivered through the stream before the kernel
@@ -227,8 +241,15 @@ void Stream::fall_back(stats::FallbackReason reason, uint8_t peer_reason) {
     if (staging_.size() > staging_off_ || held_pending()) plain_when_drained_ = true;
     else set_phase(Phase::kPlain);
   }
-  stats::set_fallback(slot_, reason, peer_reason);
-  LOG_DEBUG("fd %d: staying on TCP (%s)", tcp_fd_, stats::fallback_reason_name(reason));
+  if (again) {
+    // Upgrading again did not work out: the connection stays on TCP with
+    // the reason it left RDMA for (no second fallback counted).
+    LOG_DEBUG("fd %d: not upgrading again (%s); staying on TCP", tcp_fd_,
+              stats::fallback_reason_name(reason));
+  } else {
+    stats::set_fallback(slot_, reason, peer_reason);
+    LOG_DEBUG("fd %d: staying on TCP (%s)", tcp_fd_, stats::fallback_reason_name(reason));
+  }
   wake();
 }
 
@@ -299,11 +320,13 @@ Stream::RecordIo Stream::write_record(const void* rec, size_t size, size_t* done
   return RecordIo::kDone;
 }
 
-bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why, bool report) {
+bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why, bool report,
+                           bool may_return) {
   if (phase() != Phase::kRdma || !conn_ || tcp_fd_ < 0) return false;
   // A 0.1.0 peer knows no reverse switch: it would take our record for
   // bytes from a stranger and reset the connection.
   if (version_ < wire::kRevertVersion) return false;
+  reup_allowed_ = may_return && mode == RevertMode::kKeep;
   // The peer's bytes we keep end at `resume`; the peer resends the rest.
   uint64_t rx_rdma = conn_->rx_position();
   if (mode == RevertMode::kKeep && conn_->readable() > 0) {
@@ -487,11 +510,111 @@ bool Stream::advance_revert() {
   if (down_done_ && !revert_out_pending()) {
     // The FIN (shutdown(SHUT_WR) while on RDMA) follows the last byte again.
     if (wr_shut_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
-    if (staging_.size() > staging_off_) plain_when_drained_ = true;
-    else set_phase(Phase::kPlain);
     LOG_DEBUG("fd %d: back on TCP", tcp_fd_);
+    if (may_reupgrade()) begin_reupgrade();
+    else if (staging_.size() > staging_off_) plain_when_drained_ = true;
+    else set_phase(Phase::kPlain);
   }
   return phase() != p0 || switch_state() != before;
+}
+
+// ---------------------------------------------------------------------------
+// Upgrading again after a reverse switch (docs/DESIGN.md). Once both
+// directions are back on TCP, tcp_tx_ and tcp_rx_ are the stream positions
+// again (advance_revert), exactly as before the first switch, so a new
+// rendezvous and forward switch work unchanged: the stream stays governed
+// (kPending, no connection), the client tries again after kReupDelaysNs,
+// and the server waits for its request as long as those attempts can take.
+
+namespace {
+// The client's attempts, each after the previous one failed (a path that
+// is still down: a link flap outlasts the first ones).
+constexpr uint64_t kReupDelaysNs[] = {500'000'000, 2'000'000'000, 8'000'000'000,
+                                      30'000'000'000};
+constexpr int kReupTries = int(sizeof kReupDelaysNs / sizeof kReupDelaysNs[0]);
+}  // namespace
+
+// Under mu_, at the end of a reverse switch.
+bool Stream::may_reupgrade() const {
+  return reup_allowed_ && process_config().tunables.reupgrade && !orphaned_ && !wr_shut_ &&
+         !rd_shut_ && !fin_deferred_ && !tcp_eof_ && err_ == 0 && !rdma_dead_ &&
+         tcp_fd_ >= 0 && !io_uring_started() && !(client_ && negative_cache_hit(peer_));
+}
+
+// Under mu_.
+void Stream::begin_reupgrade() {
+  reup_ = true;
+  reup_allowed_ = false;
+  my_cookie_ = random_cookie();  // a new rendezvous proves itself anew
+  peer_cookie_ = 0;
+  redirected_ = false;
+  out_marker_off_ = in_marker_got_ = 0;
+  held_.clear();
+  held_off_ = held_cap_ = 0;
+  set_phase(Phase::kPending);  // still governing: every TCP byte is counted
+  stats::set_state(slot_, stats::ConnState::kUpgrading);
+  uint64_t now = now_ns();
+  uint64_t attempt_ns =
+      uint64_t{std::max(process_config().tunables.upgrade_timeout_ms,
+                        process_config().tunables.connect_timeout_ms)} * 1000000;
+  if (client_) {
+    reup_tries_ = 0;
+    reup_at_ns_.store(now + kReupDelaysNs[0], std::memory_order_release);
+    deadline_ns_ = now + kReupDelaysNs[0] + attempt_ns;
+  } else {
+    // Long enough for every attempt of the client's.
+    uint64_t w = 0;
+    for (uint64_t d : kReupDelaysNs) w += d + attempt_ns;
+    deadline_ns_ = now + w;
+  }
+  reup_waiting_.store(true, std::memory_order_release);
+  LOG_DEBUG("fd %d: back on TCP; will try RDMA again (%s)", tcp_fd_,
+            client_ ? "client" : "server, waiting for the client's request");
+}
+
+// Under mu_: an attempt failed.
+bool Stream::retry_reupgrade(stats::FallbackReason reason) {
+  using R = stats::FallbackReason;
+  if (!client_) {
+    // The server's side of an attempt (an accepted request) failed, as the
+    // first after a flap may (its REP or RTU lost): the client tries again,
+    // so wait for its next request for the rest of the window.
+    if (orphaned_ || now_ns() > deadline_ns_) return false;
+    conn_.reset();
+    reup_waiting_.store(true, std::memory_order_release);
+    LOG_DEBUG("fd %d: upgrading again failed (%s); waiting for the client's next attempt",
+              tcp_fd_, stats::fallback_reason_name(reason));
+    return true;
+  }
+  // Only a path that may come back is worth another attempt: the peer's own
+  // refusal, or a peer without a listener now, is its answer.
+  bool transient = reason == R::kResolveFailed || reason == R::kTimeout ||
+                   reason == R::kConnectFailed || reason == R::kNoDevice ||
+                   reason == R::kNoResources || reason == R::kMemlock;
+  if (!client_ || !transient || ++reup_tries_ >= kReupTries || orphaned_) return false;
+  conn_.reset();
+  uint64_t now = now_ns();
+  uint64_t attempt_ns =
+      uint64_t{std::max(process_config().tunables.upgrade_timeout_ms,
+                        process_config().tunables.connect_timeout_ms)} * 1000000;
+  reup_at_ns_.store(now + kReupDelaysNs[reup_tries_], std::memory_order_release);
+  deadline_ns_ = now + kReupDelaysNs[reup_tries_] + attempt_ns;
+  reup_waiting_.store(true, std::memory_order_release);
+  LOG_DEBUG("fd %d: upgrading again failed (%s); next attempt in %llu ms", tcp_fd_,
+            stats::fallback_reason_name(reason),
+            (unsigned long long)(kReupDelaysNs[reup_tries_] / 1000000));
+  return true;
+}
+
+// Under mu_.
+void Stream::abandon_reupgrade() {
+  reup_at_ns_.store(0, std::memory_order_release);
+  reup_waiting_.store(false, std::memory_order_release);
+  conn_.reset();
+  deferred_fin();
+  if (staging_.size() > staging_off_ || held_pending()) plain_when_drained_ = true;
+  else set_phase(Phase::kPlain);
+  LOG_DEBUG("fd %d: not upgrading again; staying on TCP", tcp_fd_);
 }
 
 bool Stream::revert(RevertMode mode, stats::FallbackReason why) {
@@ -676,10 +799,14 @@ bool Stream::advance_locked(bool full) {
     }
     if (p == Phase::kPending) {
       auto [reason, cache] = setup_fallback(*conn_);
+      if (reup_ && retry_reupgrade(reason)) return true;
       if (reason == stats::FallbackReason::kTimeout) log_rendezvous_timeout();
       uint8_t peer_reason = static_cast<uint8_t>(conn_->reject_reason());
       // Only the peer's own answer keeps it off RDMA for a while; a local
-      // shortage (memlock, resources) says nothing about the peer.
+      // shortage (memlock, resources) says nothing about the peer. A peer
+      // that was on RDMA with us is no stranger: only a lossy path counts
+      // against it when it does not take us back.
+      if (reup_) cache = reason == stats::FallbackReason::kLossyPath;
       if (cache) negative_cache_add(peer_, reason == stats::FallbackReason::kLossyPath);
       mu_.unlock();
       fall_back(reason, peer_reason);
@@ -696,7 +823,9 @@ bool Stream::advance_locked(bool full) {
       // gone) is the RDMA path failing while TCP may be fine: switch back.
       handle_controls();
       if (phase() == Phase::kBroken) return true;
-      if (revert_locked(RevertMode::kKeep, stats::FallbackReason::kPathFailed)) return true;
+      if (revert_locked(RevertMode::kKeep, stats::FallbackReason::kPathFailed, true,
+                        /*may_return=*/true))
+        return true;
     }
     if (!err_) err_ = st.error();
     return true;
@@ -704,8 +833,9 @@ bool Stream::advance_locked(bool full) {
   if (p == Phase::kPending) {
     if (!conn_->established()) {
       if (now_ns() > deadline_ns_) {
+        if (reup_ && retry_reupgrade(stats::FallbackReason::kTimeout)) return true;
         log_rendezvous_timeout();
-        negative_cache_add(peer_);
+        if (!reup_) negative_cache_add(peer_);
         mu_.unlock();
         fall_back(stats::FallbackReason::kTimeout);
         mu_.lock();
@@ -756,7 +886,10 @@ bool Stream::advance_locked(bool full) {
       set_phase(Phase::kRdma);
       (void)flush_held();  // what the application wrote meanwhile goes first
       deferred_fin();
-      stats::set_upgraded(slot_, conn_->qp_num());
+      stats::set_upgraded(slot_, conn_->qp_num(), /*again=*/reup_);
+      if (reup_)
+        LOG_INFO("fd %d: back on RDMA (qp %u) at stream bytes out/in %llu/%llu", tcp_fd_,
+                 conn_->qp_num(), (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
       LOG_DEBUG("fd %d: on RDMA (qp %u) %llu us after the socket's start, after %llu/%llu TCP bytes "
                 "out/in", tcp_fd_, conn_->qp_num(), us_since_start(),
                 (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
@@ -802,6 +935,17 @@ void Stream::rdma_failed_during_switch() {
     offer_sent_ = false;  // our TCP direction reopens: held bytes first
     (void)flush_held();
     deferred_fin();
+  }
+  if (out_marker_off_ == 0 && !offer_rcvd_ && reup_ && !held_pending()) {
+    // Upgrading again, and nothing of the switch is in the TCP stream yet:
+    // another attempt may work (the first after a flap often fails).
+    offer_queued_ = ready_rcvd_ = ready_queued_ = ready_sent_ = verified_ = false;
+    rdma_dead_ = false;
+    held_cap_ = 0;
+    set_phase(Phase::kPending);
+    if (retry_reupgrade(stats::FallbackReason::kTimeout)) return;
+    abandon_reupgrade();
+    return;
   }
   if (out_marker_off_ == 0 && !offer_rcvd_) {
     LOG_DEBUG("fd %d: staying on TCP (the RDMA connection failed during the switch: %s)", tcp_fd_,
@@ -996,7 +1140,8 @@ bool Stream::check_idle_tcp() {
     if (r == sizeof magic && magic == wire::kDownMagic) {
       // The peer switches back to TCP: join it (its record is read there;
       // wake() below announces the change).
-      if (!revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased))
+      if (!revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased, true,
+                         /*may_return=*/true))
         break_connection(ECONNRESET, "the peer switched back to TCP and this end cannot");
     } else if (r < ssize_t(sizeof magic) &&
                std::memcmp(&magic, &wire::kDownMagic, size_t(r)) == 0) {

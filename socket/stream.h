@@ -181,6 +181,17 @@ class Stream {
   // revert() if mu_ is free right now; whether it started.
   bool try_revert(RevertMode mode, stats::FallbackReason why);
   uint64_t moved_at_loss_check = 0;  // progress thread only, under its lock
+  // Upgrading again after a reverse switch (docs/DESIGN.md, "Upgrading
+  // again"): a client's next rendezvous attempt is due (the progress thread
+  // then calls start_client()); and whether the stream only waits for one
+  // (client: its timer; server: the client's request), which needs no fast
+  // tick.
+  bool reupgrade_due(uint64_t now) const {
+    uint64_t t = reup_at_ns_.load(std::memory_order_acquire);
+    return t != 0 && now >= t;
+  }
+  bool waits_to_reupgrade() const { return reup_waiting_.load(std::memory_order_acquire); }
+  bool tcp_watch_armed = false;  // progress thread only: the one-shot idle-TCP watch is armed
   bool tcp_watched = false;  // progress thread only, under its lock
   uint64_t next_tick_ns = 0;  // progress thread only: next look while on RDMA
 
@@ -248,7 +259,18 @@ class Stream {
   enum class RecordIo : uint8_t { kDone, kAgain, kClosed, kBroken };
   RecordIo read_record(void* rec, size_t size, size_t* done);
   RecordIo write_record(const void* rec, size_t size, size_t* done);
-  bool revert_locked(RevertMode mode, stats::FallbackReason why, bool report = true);
+  // `may_return`: the stream may upgrade again once back on TCP (a failed
+  // path, or a peer that switched back); not after the application asked,
+  // a hand-off to another process, a lossy path, io_uring or exit.
+  bool revert_locked(RevertMode mode, stats::FallbackReason why, bool report = true,
+                     bool may_return = false);
+  bool may_reupgrade() const;
+  void begin_reupgrade();
+  // A re-upgrade attempt failed for `reason`: true if another is scheduled
+  // (the stream stays pending, without a connection).
+  bool retry_reupgrade(stats::FallbackReason reason);
+  // Waiting to upgrade again, and it cannot be: plain TCP now, quietly.
+  void abandon_reupgrade();
   bool advance_revert();
   void finish_revert_peer_gone(const char* why);
   void set_phase(Phase p);
@@ -366,6 +388,14 @@ class Stream {
   bool down_parsed_ = false;    // the peer's DOWN is checked, its returned bytes follow
   size_t return_in_need_ = 0, return_in_got_ = 0;
   uint64_t linger_deadline_ns_ = 0;
+  // Upgrading again (docs/DESIGN.md): this kPending is a later rendezvous
+  // of a connection that was on RDMA; its failure is quiet (no fallback
+  // counted, nothing cached but a lossy path), the stream just stays on TCP.
+  bool reup_ = false;
+  bool reup_allowed_ = false;  // the running reverse switch may end in one
+  int reup_tries_ = 0;         // client: attempts made
+  std::atomic<uint64_t> reup_at_ns_{0};  // client: the next attempt is due (0: none)
+  std::atomic<bool> reup_waiting_{false};
 };
 
 // The fallback reason for a connection whose rdma_cm setup failed, and

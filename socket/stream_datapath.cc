@@ -407,6 +407,9 @@ Status<void> Stream::shutdown(int how) {
     if (p == Phase::kRdma) (void)conn_->shutdown_write();
     else fin_deferred_ = true;
   }
+  // Waiting to upgrade again (no rendezvous running): no new switch can
+  // follow a FIN, and the FIN must not wait for one. TCP from here on.
+  if (fin_deferred_ && p == Phase::kPending && reup_ && !conn_) abandon_reupgrade();
   return Ok();
 }
 

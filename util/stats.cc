@@ -418,8 +418,9 @@ void set_addresses(ConnSlot* s, const sockaddr* local, const sockaddr* peer) {
   write_end(s);
 }
 
-void set_upgraded(ConnSlot* s, uint32_t qp_num) {
-  if (ProcessCounters* pc = counters()) pc->conns_upgraded.fetch_add(1, std::memory_order_relaxed);
+void set_upgraded(ConnSlot* s, uint32_t qp_num, bool again) {
+  if (ProcessCounters* pc = counters(); pc && !again)
+    pc->conns_upgraded.fetch_add(1, std::memory_order_relaxed);
   if (s == nullptr) return;
   write_begin(s);
   s->info.transport = static_cast<uint8_t>(Transport::kRdma);

@@ -60,7 +60,9 @@ void set_state(ConnSlot* slot, ConnState state);
 void set_fd(ConnSlot* slot, int fd);
 void set_addresses(ConnSlot* slot, const sockaddr* local, const sockaddr* peer);
 // Now on RDMA: transport = kRdma, state = kEstablished; counts conns_upgraded.
-void set_upgraded(ConnSlot* slot, uint32_t qp_num);
+// `again`: the connection was on RDMA before (it switched back and upgraded
+// again): not counted as another upgraded connection.
+void set_upgraded(ConnSlot* slot, uint32_t qp_num, bool again = false);
 // Staying on (or back to) TCP: transport = kTcp, state = kEstablished; counts
 // fallbacks[reason] (slot may be null: counted all the same).
 // peer_reason: with kRejected, the peer's wire::RejectReason (shown by rsock-stat).

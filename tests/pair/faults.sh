@@ -6,7 +6,15 @@
 #   none         no fault: must stay on RDMA to the end
 #   plain        no fault and no librsock: kernel TCP on the same wire (for
 #                the throughput figure next to `none`)
-#   flap         `ip link set rxe-eth0 down` for 3 s, then up again
+#   flap         `ip link set rxe-eth0 down` for 3 s, then up again: the
+#                connection switches back to TCP, then upgrades again once
+#                the path works (both ends hold their FIN until it has, at
+#                most 20 s: RSOCK_PAIR_AGAIN=20) and ends on RDMA, a new RC
+#                QP in RTS. Then a fresh 1 MiB connection (port 7001) checks
+#                whether the guests' rxe can still set up any new RDMA
+#                connection: in about two flaps of three it cannot (new
+#                processes on both guests stay on TCP; Debian 12's kernel),
+#                and then upgrading again is not required
 #   rdma_delete  `rdma link delete rxe0`: the RDMA device goes away for good
 #   loss         netem 2 % loss on the client's link once on RDMA: the port's
 #                sequence-error counters must send the connection back to
@@ -54,11 +62,20 @@ esac
 case $CASE in
   plain_*) ENV="RSOCK_PAIR_MARK=$MARK"; touch "$MARK" ;;  # no RDMA to wait for
 esac
+[ "$CASE" = flap ] && ENV="$ENV RSOCK_PAIR_AGAIN=20"
 ENV_A=$ENV
 [ "$CASE" = kill_peer ] && ENV_A="$ENV RSOCK_PAIR_EXPECT_END=1"
 SERVER="cd /tmp; env $ENV_A $B/tests/upgrade/rsock_revert --serve 10.77.0.1 7000 $MB"
+# The flap's control: can the devices still upgrade a fresh connection?
+PROBE_ENV="LD_PRELOAD=$B/librsock.so RSOCK_LOG_LEVEL=${PAIR_LOG_LEVEL:-info} RSOCK_PAIR_PROBE=15"
+if [ "$CASE" = flap ]; then
+  SERVER="$SERVER; rc=\$?; echo PROBE; env $PROBE_ENV $B/tests/upgrade/rsock_revert --serve 10.77.0.1 7001 1; exit \$rc"
+fi
 CLIENT="cd /tmp; ( for i in \$(seq 600); do [ -e $MARK ] && break; sleep 0.1; done; sleep 0.5; $FAULT ) &
 env $ENV $B/tests/upgrade/rsock_revert --connect 10.77.0.1 7000 $MB; rc=\$?; wait; exit \$rc"
+if [ "$CASE" = flap ]; then
+  CLIENT="${CLIENT%exit \$rc}echo PROBE; sleep 1; env $PROBE_ENV $B/tests/upgrade/rsock_revert --connect 10.77.0.1 7001 1; exit \$rc"
+fi
 if [ "$CASE" = flap_close ]; then
   SERVER="cd /tmp; env $ENV $B/tests/upgrade/rsock_revert --serve-close 10.77.0.1 7000 256"
   CLIENT="cd /tmp; ( for i in \$(seq 600); do [ -e $MARK ] && break; sleep 0.1; done; sleep 0.5; $FAULT ) &
@@ -71,7 +88,12 @@ run_pair() {
 }
 run_pair
 rm -f "$MARK"
-grep -E "RESULT|fault|RDMA -> TCP|FAIL|revert\[|loses packets" <<<"$out"
+# The flap's control connection (after PROBE in each guest's output) apart
+# from the stream the checks below are about.
+probe_out=$( (grep '^A|' | sed -n '/PROBE/,$p') <<<"$out"; (grep '^B|' | sed -n '/PROBE/,$p') <<<"$out")
+out_all=$out
+out=$( (grep '^A|' | sed '/PROBE/,$d') <<<"$out_all"; (grep '^B|' | sed '/PROBE/,$d') <<<"$out_all")
+grep -E "RESULT|fault|RDMA -> TCP|back on RDMA|FAIL|revert\[|loses packets|${PAIR_GREP:-RESULT}" <<<"$out"
 if [ "$CASE" = kill_peer ]; then
   # B never reports a status (it powered off): judge A alone.
   r=$(grep -E '^A\| RESULT server ended_with_error' <<<"$out")
@@ -111,6 +133,25 @@ if [ "$CASE" = loss ]; then
   exit 0
 fi
 want=0; [ "$CASE" = none ] && want=2
+if [ "$CASE" = flap ]; then
+  # Back on TCP, then on RDMA again with a new QP in RTS at both ends,
+  # unless rxe lost the ability to set up new RC connections in this flap
+  # (the fresh control connection after it did not upgrade either).
+  grep -E 'RESULT' <<<"$probe_out" | sed 's/RESULT/control connection after the flap: RESULT/'
+  if [ "$(grep -c 'RESULT .*saw_rdma=1' <<<"$probe_out")" != 2 ]; then
+    grep -q 'RESULT server saw_rdma=1 transport=[02] .*again_qps' <<<"$out" &&
+      grep -q 'RESULT client saw_rdma=1 transport=[02] .*again_qps' <<<"$out" || {
+        echo "FAIL: flap: the stream did not complete"; exit 1; }
+    echo "PASS: flap (every byte; upgrading again not checked: a fresh connection after this flap did not upgrade either, rxe lost new RC connections)"
+    exit 0
+  fi
+  n=$(grep -c 'back on RDMA' <<<"$out")
+  [ "$n" = 2 ] || { echo "$out" | tail -30; echo "FAIL: flap: both ends must upgrade again ($n did)"; exit 1; }
+  n=$(grep -c 'RESULT .*transport=2 .*again_qps=[1-9]' <<<"$out")
+  [ "$n" = 2 ] || { echo "FAIL: flap: both ends must end on RDMA with an RC QP in RTS"; exit 1; }
+  echo "PASS: flap"
+  exit 0
+fi
 n=$(grep -c "RESULT .*transport=$want " <<<"$out")
 [ "$n" = 2 ] || { echo "FAIL: $CASE: both ends must end on transport $want"; exit 1; }
 echo "PASS: $CASE"

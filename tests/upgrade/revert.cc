@@ -14,7 +14,9 @@
 //   revert_client / revert_server   setsockopt(RSOCK_REVERT)
 //   fail_client / fail_server       setsockopt(RSOCK_DEBUG_FAIL_PATH): the QP
 //                                   breaks without telling the peer, as a
-//                                   broken link would
+//                                   broken link would; the path works again,
+//                                   so the connection must upgrade again and
+//                                   end on RDMA (a new RC QP in RTS)
 //   fork_child      the server forks; the parent closes its fd, the child
 //                   finishes the stream
 //   fork_parent     the server forks; the child closes its fd and exits, the
@@ -29,7 +31,7 @@
 //                   a second connection to the same host must stay on TCP
 //                   from its connect() on (the negative cache)
 // Every case must end with every byte delivered exactly once, both ends
-// back on TCP, and no error. Exit 0 pass, 1 fail, 77 no RDMA device.
+// back on TCP (on RDMA again after fail_*), and no error. Exit 0 pass, 1 fail, 77 no RDMA device.
 //
 // Two hosts (tools/rxe-pair, tests/pair/): one end each, no action; faults
 // come from outside (link down, netem, rdma link delete). Each end prints
@@ -136,6 +138,16 @@ struct Pump {
   // Two-host runs: when the stream went onto RDMA and back (seconds since
   // run() began, -1: never), and the bytes each way at those moments.
   double rdma_at = -1, tcp_again_at = -1;
+  // fail_*: the connection upgrades again only while neither end has shut
+  // its direction down (a FIN already on TCP cannot be followed by a
+  // switch marker), so SHUT_WR waits until it is on RDMA again (or
+  // again_wait_s).
+  bool shut_waits_for_again = false;
+  double again_wait_s = 60;
+  double again_at = -1;
+  // RC QPs in RTS when it was seen on RDMA again: looked at before our FIN,
+  // so the peer, which waits for it, cannot have closed yet.
+  int again_qps = -1;
   uint64_t rdma_tx = 0, rdma_rx = 0, back_tx = 0, back_rx = 0;
   double hold_s = 1e9;  // how long to hold back 3/4 of the bytes for the upgrade
 };
@@ -155,7 +167,7 @@ void step(Pump& p, bool read, int timeout_ms) {
     if (w > 0) p.tx += uint64_t(w);
     else if (w < 0 && errno != EAGAIN && errno != EINTR) fail("send at %llu: %s", (unsigned long long)p.tx, strerror(errno));
   }
-  if (p.tx == p.total && !p.shut) {
+  if (p.tx == p.total && !p.shut && (!p.shut_waits_for_again || p.again_at >= 0)) {
     if (shutdown(p.fd, SHUT_WR) != 0) fail("shutdown: %s", strerror(errno));
     p.shut = true;
   }
@@ -193,10 +205,16 @@ void run(Pump& p, F act) {
     if (std::chrono::duration<double>(Clock::now() - t0).count() > kTimeoutS)
       fail("stuck: tx %llu rx %llu of %llu, transport %d", (unsigned long long)p.tx,
            (unsigned long long)p.rx, (unsigned long long)p.total, transport(p.fd));
+    double now_s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (p.saw_rdma && p.tcp_again_at < 0 && transport(p.fd) != RSOCK_TRANSPORT_RDMA) {
-      p.tcp_again_at = std::chrono::duration<double>(Clock::now() - t0).count();
+      p.tcp_again_at = now_s;
       p.back_tx = p.tx;
       p.back_rx = p.rx;
+    }
+    if (p.tcp_again_at >= 0 && p.again_at < 0 &&
+        (transport(p.fd) == RSOCK_TRANSPORT_RDMA || now_s > p.tcp_again_at + p.again_wait_s)) {
+      p.again_at = now_s;
+      if (p.shut_waits_for_again) p.again_qps = rts_qps();
     }
     if (!p.saw_rdma && transport(p.fd) == RSOCK_TRANSPORT_RDMA) {
       p.saw_rdma = true;
@@ -225,8 +243,26 @@ bool ready_to_act(Pump& p) {
   return true;
 }
 
-void finish(Pump& p, bool want_rdma_seen) {
+// `again`: a failed path (fail_*): once back on TCP the connection must
+// upgrade again, and end on RDMA with an RC QP in RTS.
+void finish(Pump& p, bool want_rdma_seen, bool again = false) {
   if (want_rdma_seen && !p.saw_rdma) fail("the connection never showed transport rdma");
+  if (again) {
+    if (p.tcp_again_at < 0) fail("the connection never left RDMA");
+    auto t0 = Clock::now();
+    int t = transport(p.fd);
+    while (t != RSOCK_TRANSPORT_RDMA && std::chrono::duration<double>(Clock::now() - t0).count() < 20) {
+      usleep(10000);
+      t = transport(p.fd);
+    }
+    if (t != RSOCK_TRANSPORT_RDMA) fail("transport %d at the end, want rdma again (upgrading again)", t);
+    int q = p.again_qps;
+    if (q < 1) fail("on RDMA again but `rdma resource show qp` listed %d RC QPs in RTS", q);
+    say("done: %llu bytes each way, checked; left RDMA at %.2f s, on RDMA again (%d RC QPs in RTS)",
+        (unsigned long long)p.total, p.tcp_again_at, q);
+    close(p.fd);
+    return;
+  }
   // Back on TCP once the peer's record is in: give it a moment.
   auto t0 = Clock::now();
   int t = transport(p.fd);
@@ -252,6 +288,7 @@ int client_main(uint16_t port, uint64_t total, const std::string& c) {
   p.seed_tx = 1;
   p.seed_rx = 2;
   p.total = total;
+  p.shut_waits_for_again = c.rfind("fail", 0) == 0;
   std::string me = c.substr(c.find('_') + 1);
   run(p, [&](Pump& q) {
     if (me != "client") return true;
@@ -262,7 +299,7 @@ int client_main(uint16_t port, uint64_t total, const std::string& c) {
     say("%s at tx %llu rx %llu", c.c_str(), (unsigned long long)q.tx, (unsigned long long)q.rx);
     return true;
   });
-  finish(p, true);
+  finish(p, true, c.rfind("fail", 0) == 0);
   if (c == "lossy") {
     // Whichever end judged the path lossy keeps the other host on TCP: if
     // this end did, the next connect() starts no rendezvous at all; if only
@@ -320,7 +357,8 @@ int pair_connect(bool serve, const char* addr, uint16_t port) {
     if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 4) != 0)
       fail("listen: %s", strerror(errno));
     fd = accept(l, nullptr, nullptr);
-    close(l);
+    // The listening socket stays open, as in a real server: a connection
+    // upgrades again through its rdma_cm listener (after a flap).
   } else {
     auto t0 = Clock::now();
     for (;;) {  // the server's guest may still be booting
@@ -348,6 +386,17 @@ int pair_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
   // A path that never upgrades still gets its bytes through; without
   // librsock there is nothing to wait for.
   p.hold_s = transport(fd) < 0 ? 0 : 60;
+  // RSOCK_PAIR_AGAIN=S (the flap case): the path comes back, so the stream
+  // should upgrade again: neither end shuts its direction down before it
+  // has, or for S seconds after it left RDMA.
+  if (const char* w = getenv("RSOCK_PAIR_AGAIN")) {
+    p.shut_waits_for_again = true;
+    p.again_wait_s = atof(w);
+  }
+  // RSOCK_PAIR_PROBE=S: a small control connection that only asks whether
+  // the devices can still set up a new RDMA connection: wait at most S
+  // seconds for the upgrade.
+  if (const char* w = getenv("RSOCK_PAIR_PROBE"); w && p.hold_s > 0) p.hold_s = atof(w);
   auto t0 = Clock::now();
   g_t0 = t0;
   g_expect_end = getenv("RSOCK_PAIR_EXPECT_END") != nullptr;
@@ -365,7 +414,10 @@ int pair_main(bool serve, const char* addr, uint16_t port, uint64_t total) {
     say("on RDMA at %.2f s (tx %llu rx %llu); left RDMA at %.2f s (tx %llu rx %llu)", p.rdma_at,
         (unsigned long long)p.rdma_tx, (unsigned long long)p.rdma_rx, p.tcp_again_at,
         (unsigned long long)p.back_tx, (unsigned long long)p.back_rx);
-  printf("RESULT %s saw_rdma=%d transport=%d seconds=%.1f\n", g_who, p.saw_rdma ? 1 : 0, t, s);
+  if (p.shut_waits_for_again)
+    say("on RDMA again at %.2f s: %d RC QPs in RTS then", p.again_at, p.again_qps);
+  printf("RESULT %s saw_rdma=%d transport=%d seconds=%.1f again_qps=%d\n", g_who, p.saw_rdma ? 1 : 0, t,
+         s, p.again_qps);
   fflush(stdout);
   close(fd);
   // Stay a moment: the peer may still be taking our last bytes, which the
@@ -566,6 +618,7 @@ int main(int argc, char** argv) {
   p.seed_tx = 2;
   p.seed_rx = 1;
   p.total = total;
+  p.shut_waits_for_again = c.rfind("fail", 0) == 0;
   int rc = 0;
   bool handed = false;
   run(p, [&](Pump& q) {
@@ -615,7 +668,7 @@ int main(int argc, char** argv) {
     rc |= wait_child(kid, "child");
     return true;
   });
-  if (!handed) finish(p, true);
+  if (!handed) finish(p, true, c.rfind("fail", 0) == 0);
   if (strcmp(g_who, "child") == 0) _exit(0);
   if (c == "lossy") {
     for (int k = 2; k <= 3; k++) {
