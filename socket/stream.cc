@@ -244,6 +244,7 @@ void Stream::fall_back(stats::FallbackReason reason, uint8_t peer_reason) {
   if (again) {
     // Upgrading again did not work out: the connection stays on TCP with
     // the reason it left RDMA for (no second fallback counted).
+    stats::set_state(slot_, stats::ConnState::kEstablished);
     LOG_DEBUG("fd %d: not upgrading again (%s); staying on TCP", tcp_fd_,
               stats::fallback_reason_name(reason));
   } else {
@@ -614,6 +615,7 @@ void Stream::abandon_reupgrade() {
   deferred_fin();
   if (staging_.size() > staging_off_ || held_pending()) plain_when_drained_ = true;
   else set_phase(Phase::kPlain);
+  stats::set_state(slot_, stats::ConnState::kEstablished);  // its fallback reason stays
   LOG_DEBUG("fd %d: not upgrading again; staying on TCP", tcp_fd_);
 }
 
@@ -936,7 +938,7 @@ void Stream::rdma_failed_during_switch() {
     (void)flush_held();
     deferred_fin();
   }
-  if (out_marker_off_ == 0 && !offer_rcvd_ && reup_ && !held_pending()) {
+  if (out_marker_off_ == 0 && !offer_rcvd_ && reup_ && !held_pending() && !fin_deferred_) {
     // Upgrading again, and nothing of the switch is in the TCP stream yet:
     // another attempt may work (the first after a flap often fails).
     offer_queued_ = ready_rcvd_ = ready_queued_ = ready_sent_ = verified_ = false;
@@ -957,7 +959,8 @@ void Stream::rdma_failed_during_switch() {
     } else {
       set_phase(Phase::kPlain);
     }
-    stats::set_fallback(slot_, stats::FallbackReason::kPeerClosed);
+    if (reup_) stats::set_state(slot_, stats::ConnState::kEstablished);  // its reason stays
+    else stats::set_fallback(slot_, stats::FallbackReason::kPeerClosed);
   }
 }
 

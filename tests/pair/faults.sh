@@ -12,7 +12,7 @@
 #                most 20 s: RSOCK_PAIR_AGAIN=20) and ends on RDMA, a new RC
 #                QP in RTS. Then a fresh 1 MiB connection (port 7001) checks
 #                whether the guests' rxe can still set up any new RDMA
-#                connection: in about two flaps of three it cannot (new
+#                connection: in about half of the flaps it cannot (new
 #                processes on both guests stay on TCP; Debian 12's kernel),
 #                and then upgrading again is not required
 #   rdma_delete  `rdma link delete rxe0`: the RDMA device goes away for good

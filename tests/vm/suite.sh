@@ -31,7 +31,7 @@ case $BUILD/ in
 esac
 echo "vm.suite: running $n tests ($LABELS) of $BUILD in the rxe VM"
 rc=0
-tools/rxe-vm --timeout "${RSOCK_VM_TIMEOUT:-1500}" -- "bash $ROOT/tests/vm/in_vm.sh $BUILD '$LABELS'" || rc=$?
+tools/rxe-vm --timeout "${RSOCK_VM_TIMEOUT:-1650}" -- "bash $ROOT/tests/vm/in_vm.sh $BUILD '$LABELS'" || rc=$?
 case $rc in
   0) echo "vm.suite: PASS" ;;
   125) echo "vm.suite: FAIL: the VM died or timed out before the tests finished" ;;
