@@ -28,8 +28,9 @@
 
 /* setsockopt, int value ignored: switch this connection back from RDMA to
  * TCP now (the reverse switch, agreed with the peer; no byte is lost or
- * repeated). Succeeds and does nothing if the socket is not on RDMA. The
- * connection stays on TCP afterwards. */
+ * repeated). Succeeds and does nothing if the socket is not on RDMA, except
+ * that a connection waiting to upgrade again (after its RDMA path failed)
+ * stops waiting. The connection stays on TCP afterwards. */
 #define RSOCK_REVERT 2
 
 /* setsockopt, int value ignored, for tests: make this connection's RDMA

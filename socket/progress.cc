@@ -589,11 +589,23 @@ void check_paths(uint64_t now) {
   g_next_loss_check_ns = now + kLossCheckNs;
   for (auto& p : g_ports) p.seen = false;
   bool any = false;
+  // A stream whose lock is taken right now (its application is in the
+  // middle of I/O) keeps the port it had: under load the port's judgement
+  // must not start over at every look, or a lossy port is never judged.
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
+    if (!g_stream_owner[i] || st->phase() != Phase::kRdma) {
+      st->loss_look_valid = false;
+      continue;
+    }
     Stream::PortLook look;
-    if (!g_stream_owner[i] || st->phase() != Phase::kRdma || !st->look_port(&look)) continue;
-    port_watch(look)->seen = true;
+    bool fresh = st->look_port(&look);
+    if (fresh) {
+      st->loss_look = look;
+      st->loss_look_valid = true;
+    }
+    if (!st->loss_look_valid) continue;
+    port_watch(st->loss_look)->seen = true;
     any = true;
   }
   std::erase_if(g_ports, [](const PortWatch& p) { return !p.seen; });  // a new judgement later
@@ -611,11 +623,15 @@ void check_paths(uint64_t now) {
   }
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
+    if (!g_stream_owner[i] || st->phase() != Phase::kRdma || !st->loss_look_valid) continue;
+    // Busy: it moved bytes since the last look, or its lock is taken now.
     Stream::PortLook look;
-    if (!g_stream_owner[i] || st->phase() != Phase::kRdma || !st->look_port(&look)) continue;
-    bool busy = look.moved != st->moved_at_loss_check;
-    st->moved_at_loss_check = look.moved;
-    PortWatch* p = port_watch(look);
+    bool busy = true;
+    if (st->look_port(&look)) {
+      busy = look.moved != st->moved_at_loss_check;
+      st->moved_at_loss_check = look.moved;
+    }
+    PortWatch* p = port_watch(st->loss_look);
     if (busy && p->lossy_until_ns > now &&
         st->try_revert(RevertMode::kKeep, stats::FallbackReason::kLossyPath))
       negative_cache_add(st->peer(), /*whole_host=*/true);

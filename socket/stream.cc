@@ -42,6 +42,19 @@ constexpr size_t kMaxHeldBytes = 64 * 1024;
 // its waiters look again.
 void notify_stream(void* st) { static_cast<Stream*>(st)->wake(); }
 
+// Upgrading again (below).
+// The client's attempts, each after the previous one failed (a path that
+// is still down: a link flap outlasts the first ones).
+constexpr uint64_t kReupDelaysNs[] = {500'000'000, 2'000'000'000, 8'000'000'000,
+                                      30'000'000'000};
+constexpr int kReupTries = int(sizeof kReupDelaysNs / sizeof kReupDelaysNs[0]);
+
+// How long one attempt may take (the client's rendezvous bound).
+uint64_t reup_attempt_ns() {
+  const auto& t = process_config().tunables;
+  return uint64_t{std::max(t.upgrade_timeout_ms, t.connect_timeout_ms)} * 1000000;
+}
+
 
 uint64_t random_cookie() {
   uint64_t c = 0;
@@ -137,9 +150,7 @@ void Stream::start_client() {
   if (phase() != Phase::kPending || orphaned_ || conn_) return;  // fell back (fork) or closed meanwhile
   if (reup_) {
     reup_waiting_.store(false, std::memory_order_release);
-    deadline_ns_ = now_ns() + uint64_t{std::max(process_config().tunables.upgrade_timeout_ms,
-                                                 process_config().tunables.connect_timeout_ms)} *
-                                  1000000;
+    deadline_ns_ = now_ns() + reup_attempt_ns();
   }
   uint16_t port = ntohs(reinterpret_cast<const sockaddr_in*>(&peer_)->sin_port);  // same offset in v6
   connect_locked(static_cast<uint16_t>(port + process_config().tunables.port_offset));
@@ -527,14 +538,6 @@ bool Stream::advance_revert() {
 // (kPending, no connection), the client tries again after kReupDelaysNs,
 // and the server waits for its request as long as those attempts can take.
 
-namespace {
-// The client's attempts, each after the previous one failed (a path that
-// is still down: a link flap outlasts the first ones).
-constexpr uint64_t kReupDelaysNs[] = {500'000'000, 2'000'000'000, 8'000'000'000,
-                                      30'000'000'000};
-constexpr int kReupTries = int(sizeof kReupDelaysNs / sizeof kReupDelaysNs[0]);
-}  // namespace
-
 // Under mu_, at the end of a reverse switch.
 bool Stream::may_reupgrade() const {
   return reup_allowed_ && process_config().tunables.reupgrade && !orphaned_ && !wr_shut_ &&
@@ -555,9 +558,7 @@ void Stream::begin_reupgrade() {
   set_phase(Phase::kPending);  // still governing: every TCP byte is counted
   stats::set_state(slot_, stats::ConnState::kUpgrading);
   uint64_t now = now_ns();
-  uint64_t attempt_ns =
-      uint64_t{std::max(process_config().tunables.upgrade_timeout_ms,
-                        process_config().tunables.connect_timeout_ms)} * 1000000;
+  const uint64_t attempt_ns = reup_attempt_ns();
   if (client_) {
     reup_tries_ = 0;
     reup_at_ns_.store(now + kReupDelaysNs[0], std::memory_order_release);
@@ -592,14 +593,11 @@ bool Stream::retry_reupgrade(stats::FallbackReason reason) {
   bool transient = reason == R::kResolveFailed || reason == R::kTimeout ||
                    reason == R::kConnectFailed || reason == R::kNoDevice ||
                    reason == R::kNoResources || reason == R::kMemlock;
-  if (!client_ || !transient || ++reup_tries_ >= kReupTries || orphaned_) return false;
+  if (!transient || ++reup_tries_ >= kReupTries || orphaned_) return false;
   conn_.reset();
   uint64_t now = now_ns();
-  uint64_t attempt_ns =
-      uint64_t{std::max(process_config().tunables.upgrade_timeout_ms,
-                        process_config().tunables.connect_timeout_ms)} * 1000000;
   reup_at_ns_.store(now + kReupDelaysNs[reup_tries_], std::memory_order_release);
-  deadline_ns_ = now + kReupDelaysNs[reup_tries_] + attempt_ns;
+  deadline_ns_ = now + kReupDelaysNs[reup_tries_] + reup_attempt_ns();
   reup_waiting_.store(true, std::memory_order_release);
   LOG_DEBUG("fd %d: upgrading again failed (%s); next attempt in %llu ms", tcp_fd_,
             stats::fallback_reason_name(reason),
@@ -620,11 +618,15 @@ void Stream::abandon_reupgrade() {
 }
 
 bool Stream::revert(RevertMode mode, stats::FallbackReason why) {
-  bool started;
+  bool started, waiting;
   {
     std::lock_guard lk(mu_);
     started = revert_locked(mode, why);
+    // Asked to stay on TCP (RSOCK_REVERT) while it waits to upgrade again:
+    // it stays (quietly: it is on TCP already).
+    waiting = !started && reup_ && phase() == Phase::kPending;
   }
+  if (waiting) fall_back(why);
   wake();  // bumps the generation too
   return started;
 }

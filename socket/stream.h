@@ -181,6 +181,8 @@ class Stream {
   // revert() if mu_ is free right now; whether it started.
   bool try_revert(RevertMode mode, stats::FallbackReason why);
   uint64_t moved_at_loss_check = 0;  // progress thread only, under its lock
+  PortLook loss_look{};              // ... the port of its last look
+  bool loss_look_valid = false;      // ... loss_look is of this stream on RDMA
   // Upgrading again after a reverse switch (docs/DESIGN.md, "Upgrading
   // again"): a client's next rendezvous attempt is due (the progress thread
   // then calls start_client()); and whether the stream only waits for one

@@ -24,6 +24,10 @@
 //   fdpass          a worker forked before the connection existed receives the
 //                   upgraded socket over a UNIX socket (SCM_RIGHTS) and
 //                   finishes the stream; the server closes its copy
+//   failstay_client as fail_client, then, while the connection waits to
+//                   upgrade again, setsockopt(RSOCK_REVERT): it must stay on
+//                   TCP (both ends hold their FIN for 4 s, time enough for
+//                   the first attempt, 0.5 s after the switch back)
 //   lossy           the RDMA port starts losing packets: the device counters
 //                   librsock reads (RSOCK_DEBUG_HW_COUNTERS, a directory both
 //                   ends share) jump to 5000 sequence errors per million
@@ -150,6 +154,11 @@ struct Pump {
   int again_qps = -1;
   uint64_t rdma_tx = 0, rdma_rx = 0, back_tx = 0, back_rx = 0;
   double hold_s = 1e9;  // how long to hold back 3/4 of the bytes for the upgrade
+  // lossy: the last `reserve` bytes wait until the connection left RDMA,
+  // and once `trickle` is set they go 4 KiB per round: the stream keeps
+  // moving while librsock judges the port (it sends back busy streams only).
+  uint64_t reserve = 0;
+  bool trickle = false;
 };
 
 // One round: write what fits, read what is there (checked), unless paused.
@@ -157,6 +166,11 @@ struct Pump {
 // that the action always happens on an upgraded connection.
 void step(Pump& p, bool read, int timeout_ms) {
   uint64_t limit = p.saw_rdma || p.hold_s <= 0 ? p.total : p.total / 4;
+  if (p.reserve != 0 && p.tcp_again_at < 0) {
+    uint64_t cap = p.total - p.reserve;
+    if (p.trickle) cap = std::min(p.total, std::max(cap, p.tx + 4096));
+    limit = std::min(limit, cap);
+  }
   pollfd pf{p.fd, short((read ? POLLIN : 0) | (p.tx < limit ? POLLOUT : 0)), 0};
   if (poll(&pf, 1, timeout_ms) < 0 && errno != EINTR) fail("poll: %s", strerror(errno));
   static unsigned char buf[256 * 1024];
@@ -245,7 +259,7 @@ bool ready_to_act(Pump& p) {
 
 // `again`: a failed path (fail_*): once back on TCP the connection must
 // upgrade again, and end on RDMA with an RC QP in RTS.
-void finish(Pump& p, bool want_rdma_seen, bool again = false) {
+void finish(Pump& p, bool want_rdma_seen, bool again = false, bool may_wait = false) {
   if (want_rdma_seen && !p.saw_rdma) fail("the connection never showed transport rdma");
   if (again) {
     if (p.tcp_again_at < 0) fail("the connection never left RDMA");
@@ -267,10 +281,12 @@ void finish(Pump& p, bool want_rdma_seen, bool again = false) {
   auto t0 = Clock::now();
   int t = transport(p.fd);
   while (t != RSOCK_TRANSPORT_TCP && std::chrono::duration<double>(Clock::now() - t0).count() < 10) {
+    if (may_wait && t == RSOCK_TRANSPORT_UPGRADING) break;  // waiting to upgrade again, on TCP
     usleep(10000);
     t = transport(p.fd);
   }
-  if (t != RSOCK_TRANSPORT_TCP) fail("transport %d at the end, want tcp", t);
+  if (t != RSOCK_TRANSPORT_TCP && !(may_wait && t == RSOCK_TRANSPORT_UPGRADING))
+    fail("transport %d at the end, want tcp", t);
   say("done: %llu bytes each way, checked; transport tcp", (unsigned long long)p.total);
   close(p.fd);
 }
@@ -289,17 +305,26 @@ int client_main(uint16_t port, uint64_t total, const std::string& c) {
   p.seed_rx = 2;
   p.total = total;
   p.shut_waits_for_again = c.rfind("fail", 0) == 0;
+  if (c == "failstay_client") p.again_wait_s = 4;
   std::string me = c.substr(c.find('_') + 1);
+  bool failed = false;
   run(p, [&](Pump& q) {
     if (me != "client") return true;
-    if (!ready_to_act(q)) return false;
     int one = 1;
+    if (failed) {  // failstay: once it waits to upgrade again, stay on TCP
+      if (transport(q.fd) != RSOCK_TRANSPORT_UPGRADING) return false;
+      if (setsockopt(q.fd, SOL_RSOCK, RSOCK_REVERT, &one, sizeof one) != 0) fail("setsockopt: %s", strerror(errno));
+      say("RSOCK_REVERT while waiting to upgrade again: stays on TCP");
+      return true;
+    }
+    if (!ready_to_act(q)) return false;
     int opt = c.rfind("revert", 0) == 0 ? RSOCK_REVERT : RSOCK_DEBUG_FAIL_PATH;
     if (setsockopt(q.fd, SOL_RSOCK, opt, &one, sizeof one) != 0) fail("setsockopt: %s", strerror(errno));
     say("%s at tx %llu rx %llu", c.c_str(), (unsigned long long)q.tx, (unsigned long long)q.rx);
-    return true;
+    failed = c == "failstay_client";
+    return !failed;
   });
-  finish(p, true, c.rfind("fail", 0) == 0);
+  finish(p, true, c == "fail_client" || c == "fail_server");
   if (c == "lossy") {
     // Whichever end judged the path lossy keeps the other host on TCP: if
     // this end did, the next connect() starts no rendezvous at all; if only
@@ -619,13 +644,16 @@ int main(int argc, char** argv) {
   p.seed_rx = 1;
   p.total = total;
   p.shut_waits_for_again = c.rfind("fail", 0) == 0;
+  if (c == "failstay_client") p.again_wait_s = 4;
+  if (c == "lossy") p.reserve = total / 4;
   int rc = 0;
   bool handed = false;
   run(p, [&](Pump& q) {
-    if (c == "revert_client" || c == "fail_client") return true;
+    if (c == "revert_client" || c == "fail_client" || c == "failstay_client") return true;
     if (!ready_to_act(q)) return false;
     if (c == "lossy") {
       write_counters(hwc, 200000, 1000);
+      q.trickle = true;
       say("the port loses packets now (device counters: 5000 ppm) at tx %llu rx %llu",
           (unsigned long long)q.tx, (unsigned long long)q.rx);
       return true;
@@ -668,7 +696,8 @@ int main(int argc, char** argv) {
     rc |= wait_child(kid, "child");
     return true;
   });
-  if (!handed) finish(p, true, c.rfind("fail", 0) == 0);
+  // failstay: the server still waits for an attempt the client will not make.
+  if (!handed) finish(p, true, c == "fail_client" || c == "fail_server", c == "failstay_client");
   if (strcmp(g_who, "child") == 0) _exit(0);
   if (c == "lossy") {
     for (int k = 2; k <= 3; k++) {
