@@ -243,14 +243,7 @@ void Stream::fall_back(stats::FallbackReason reason, uint8_t peer_reason) {
     std::lock_guard lk(mu_);
     if (phase() != Phase::kPending) return;  // too late: bytes are committed
     again = reup_;
-    reup_at_ns_.store(0, std::memory_order_release);
-    reup_waiting_.store(false, std::memory_order_release);
-    conn_.reset();
-    deferred_fin();
-    // Bytes read ahead are delivered through the stream before the kernel
-    // takes over again (and held ones, of an abandoned switch, sent).
-    if (staging_.size() > staging_off_ || held_pending()) plain_when_drained_ = true;
-    else set_phase(Phase::kPlain);
+    stay_on_tcp_locked();
   }
   if (again) {
     // Upgrading again did not work out: the connection stays on TCP with
@@ -605,14 +598,22 @@ bool Stream::retry_reupgrade(stats::FallbackReason reason) {
   return true;
 }
 
-// Under mu_.
-void Stream::abandon_reupgrade() {
+// Under mu_: a pending stream gives its rendezvous up (or its wait to
+// upgrade again) and leaves the socket to the kernel.
+void Stream::stay_on_tcp_locked() {
   reup_at_ns_.store(0, std::memory_order_release);
   reup_waiting_.store(false, std::memory_order_release);
   conn_.reset();
   deferred_fin();
+  // Bytes read ahead are delivered through the stream before the kernel
+  // takes over again (and held ones, of an abandoned switch, sent).
   if (staging_.size() > staging_off_ || held_pending()) plain_when_drained_ = true;
   else set_phase(Phase::kPlain);
+}
+
+// Under mu_.
+void Stream::abandon_reupgrade() {
+  stay_on_tcp_locked();
   stats::set_state(slot_, stats::ConnState::kEstablished);  // its fallback reason stays
   LOG_DEBUG("fd %d: not upgrading again; staying on TCP", tcp_fd_);
 }

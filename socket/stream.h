@@ -273,6 +273,7 @@ class Stream {
   bool retry_reupgrade(stats::FallbackReason reason);
   // Waiting to upgrade again, and it cannot be: plain TCP now, quietly.
   void abandon_reupgrade();
+  void stay_on_tcp_locked();
   bool advance_revert();
   void finish_revert_peer_gone(const char* why);
   void set_phase(Phase p);
