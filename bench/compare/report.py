@@ -238,7 +238,7 @@ def main():
     def target(name, w, t, m, op, limit):
         r_ = val(w, "rsock", m)
         b = val(w, t, m)
-        if r_ is None or b is None:
+        if r_ is None or not b:  # no figure, or a zero one (no ratio)
             tl.append(f"| {name} | {w}: librsock vs {TNAME[t]} | – | not measured (n/a above) |")
             return
         q = r_ / b
