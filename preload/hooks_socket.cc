@@ -113,6 +113,18 @@ static Status<void> transport_of(const socket::SocketRef& s, void* val, socklen_
   return {};
 }
 
+// getsockopt(SOL_RSOCK, RSOCK_FALLBACK_REASON) of a tracked socket.
+static Status<void> fallback_of(const socket::SocketRef& s, void* val, socklen_t* len) {
+  if (!val || !len) return Err(EFAULT);
+  if (*len < sizeof(int)) return Err(EINVAL);
+  int code = static_cast<int>(s->fallback());
+  if (socket::Stream* st = s->stream())
+    if (uint16_t c = st->fallback_code()) code = c;
+  *static_cast<int*>(val) = code;
+  *len = sizeof(int);
+  return {};
+}
+
 }  // namespace rsock::preload
 
 RSOCK_HOOK int socket(int domain, int type, int protocol) noexcept {
@@ -208,6 +220,8 @@ RSOCK_HOOK int getsockopt(int fd, int level, int opt, void* val, socklen_t* len)
   HookScope h;
   if (level == SOL_RSOCK && opt == RSOCK_TRANSPORT)
     if (auto s = h.tracked(fd)) return h.finish(rsock::preload::transport_of(s, val, len));
+  if (level == SOL_RSOCK && opt == RSOCK_FALLBACK_REASON)
+    if (auto s = h.tracked(fd)) return h.finish(rsock::preload::fallback_of(s, val, len));
   // SO_ERROR of an upgraded socket: a reset that came over RDMA.
   if (level == SOL_SOCKET && opt == SO_ERROR && val && len && *len >= sizeof(int)) {
     if (auto s = h.tracked(fd)) {

@@ -38,4 +38,12 @@
  * without telling the peer). librsock then switches it back to TCP. */
 #define RSOCK_DEBUG_FAIL_PATH 3
 
+/* int, read-only: why the connection last stayed on, or went back to, TCP;
+ * 0 if it never did. The low byte is the fallback reason (the numbers of
+ * rsock-stat's reasons, docs/STATS.md: 6 timeout, 7 negative_cache, 14
+ * memlock, 16 path_failed, ...); with 5 (rejected), bits 8-15 carry the
+ * peer's reject reason. A connection that is on RDMA now may still answer
+ * the reason of an earlier fallback (it upgraded again since). */
+#define RSOCK_FALLBACK_REASON 4
+
 #endif

@@ -769,7 +769,7 @@ bool fd_room(Socket* s) {
                     "half of the fd limit (RLIMIT_NOFILE) is in use by librsock (3 fds per "
                     "upgraded connection): new connections stay on TCP. Raise it with "
                     "`ulimit -n` (or LimitNOFILE= for a systemd service)");
-  stats::set_fallback(s->slot(), stats::FallbackReason::kFdLimit);
+  s->note_fallback(stats::FallbackReason::kFdLimit);
   return false;
 }
 
@@ -849,11 +849,11 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
                                                                     ? sizeof(sockaddr_in)
                                                                     : sizeof(sockaddr_in6)));
   if (io_uring_started()) {
-    stats::set_fallback(s->slot(), stats::FallbackReason::kIoUring);
+    s->note_fallback(stats::FallbackReason::kIoUring);
     return nullptr;
   }
   if (negative_cache_hit(peer)) {
-    stats::set_fallback(s->slot(), stats::FallbackReason::kNegativeCache);
+    s->note_fallback(stats::FallbackReason::kNegativeCache);
     return nullptr;
   }
   // No rendezvous that would end in the pinned-memory budget or in the
@@ -862,7 +862,7 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
   if (!fd_room(s)) return nullptr;
   if (!transport::pinned::fits(process_config().tunables)) {
     warn_memlock();
-    stats::set_fallback(s->slot(), stats::FallbackReason::kMemlock);
+    s->note_fallback(stats::FallbackReason::kMemlock);
     return nullptr;
   }
   Stream* st = new_stream(s, fd, true, local, peer);
@@ -912,7 +912,7 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
                              [&](const InheritedListener& i) { return i.socket == listener; });
       if (it == g_inherited_listeners.end()) return nullptr;
       if (it->share == nullptr) {
-        stats::set_fallback(s->slot(), stats::FallbackReason::kForked);
+        s->note_fallback(stats::FallbackReason::kForked);
         return nullptr;
       }
       share = it->share;
@@ -925,12 +925,12 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
     return nullptr;
   if (!eligible(config::Direction::kServer, reinterpret_cast<sockaddr*>(&local))) return nullptr;
   if (io_uring_started()) {  // the client's request is rejected: no stream matches it
-    stats::set_fallback(s->slot(), stats::FallbackReason::kIoUring);
+    s->note_fallback(stats::FallbackReason::kIoUring);
     return nullptr;
   }
   // A host whose path we found lossy: its request is rejected (kLossyPath).
   if (negative_cache_host(reinterpret_cast<const sockaddr*>(&peer))) {
-    stats::set_fallback(s->slot(), stats::FallbackReason::kNegativeCache);
+    s->note_fallback(stats::FallbackReason::kNegativeCache);
     return nullptr;
   }
   if (!fd_room(s)) return nullptr;  // its request is rejected with kNoResources
@@ -939,7 +939,7 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
     std::lock_guard lk(g_mu);
     side_port = side_listener_port(local);
     if (side_port == 0) {
-      stats::set_fallback(s->slot(), stats::FallbackReason::kForked);
+      s->note_fallback(stats::FallbackReason::kForked);
       return nullptr;
     }
   }

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "util/stats.h"
 #include "util/stats_layout.h"
 
 namespace rsock::socket {
@@ -56,6 +57,14 @@ class Socket {
   void open_stats(int fd, stats::Direction dir, const sockaddr* peer, bool established);
   void mark_established();
   stats::ConnSlot* slot() const { return slot_; }
+  // Why the connection stayed on TCP before it had a stream (negative
+  // cache, memlock, fd limit, ...): counted for rsock-stat and kept for
+  // getsockopt(SOL_RSOCK, RSOCK_FALLBACK_REASON).
+  void note_fallback(stats::FallbackReason reason) {
+    fallback_.store(reason, std::memory_order_relaxed);
+    stats::set_fallback(slot_, reason);
+  }
+  stats::FallbackReason fallback() const { return fallback_.load(std::memory_order_relaxed); }
 
   // The upgrade state, once the connection was found eligible (else null).
   // Set once, before any other thread can see the socket in the fd table
@@ -97,6 +106,7 @@ class Socket {
   std::atomic<Role> role_{Role::kUnknown};
   std::atomic<bool> nonblocking_{false};
   std::atomic<bool> established_{false};
+  std::atomic<stats::FallbackReason> fallback_{stats::FallbackReason::kNone};
   int fd_ = -1;                       // first fd, for addresses and rsock-stat
   stats::ConnSlot* slot_ = nullptr;   // owned: closed with the last reference
   std::atomic<Stream*> stream_{nullptr};

@@ -237,6 +237,12 @@ void warn_memlock() {
                   (unsigned long long)(b / 1024));
 }
 
+void Stream::note_fallback(stats::FallbackReason reason, uint8_t peer_reason) {
+  fallback_code_.store(uint16_t(uint16_t(reason) | uint16_t(peer_reason) << 8),
+                       std::memory_order_relaxed);
+  stats::set_fallback(slot_, reason, peer_reason);
+}
+
 void Stream::fall_back(stats::FallbackReason reason, uint8_t peer_reason) {
   bool again;
   {
@@ -252,7 +258,7 @@ void Stream::fall_back(stats::FallbackReason reason, uint8_t peer_reason) {
     LOG_DEBUG("fd %d: not upgrading again (%s); staying on TCP", tcp_fd_,
               stats::fallback_reason_name(reason));
   } else {
-    stats::set_fallback(slot_, reason, peer_reason);
+    note_fallback(reason, peer_reason);
     LOG_DEBUG("fd %d: staying on TCP (%s)", tcp_fd_, stats::fallback_reason_name(reason));
   }
   wake();
@@ -370,7 +376,7 @@ bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why, bool repo
   set_phase(Phase::kReverting);
   deadline_ns_ = now_ns() + kRevertTimeoutNs;
   if (report) {
-    stats::set_fallback(slot_, why);
+    note_fallback(why);
     LOG_INFO("fd %d: RDMA -> TCP (%s): sent %llu, resume the peer's bytes at %llu", tcp_fd_,
              stats::fallback_reason_name(why), (unsigned long long)tx_sent_abs_,
              (unsigned long long)down_out_.resume);
@@ -812,6 +818,10 @@ bool Stream::advance_locked(bool full) {
       // that was on RDMA with us is no stranger: only a lossy path counts
       // against it when it does not take us back.
       if (reup_) cache = reason == stats::FallbackReason::kLossyPath;
+      // Nor does a redirected request that then timed out: the peer proved
+      // it runs librsock and knows the connection, its worker was just slow
+      // (a loaded preforking server): the next connections try again.
+      if (redirected_ && reason == stats::FallbackReason::kTimeout) cache = false;
       if (cache) negative_cache_add(peer_, reason == stats::FallbackReason::kLossyPath);
       mu_.unlock();
       fall_back(reason, peer_reason);
@@ -840,7 +850,7 @@ bool Stream::advance_locked(bool full) {
       if (now_ns() > deadline_ns_) {
         if (reup_ && retry_reupgrade(stats::FallbackReason::kTimeout)) return true;
         log_rendezvous_timeout();
-        if (!reup_) negative_cache_add(peer_);
+        if (!reup_ && !redirected_) negative_cache_add(peer_);  // (as above)
         mu_.unlock();
         fall_back(stats::FallbackReason::kTimeout);
         mu_.lock();
@@ -963,7 +973,7 @@ void Stream::rdma_failed_during_switch() {
       set_phase(Phase::kPlain);
     }
     if (reup_) stats::set_state(slot_, stats::ConnState::kEstablished);  // its reason stays
-    else stats::set_fallback(slot_, stats::FallbackReason::kPeerClosed);
+    else note_fallback(stats::FallbackReason::kPeerClosed);
   }
 }
 
@@ -984,7 +994,7 @@ void Stream::revert_to_tcp(stats::FallbackReason reason, const char* why) {
   offer_queued_ = ready_queued_ = false;
   conn_.reset();
   stats::count_handshake_error();
-  stats::set_fallback(slot_, reason);
+  note_fallback(reason);
   (void)flush_held();  // our direction is on TCP again: what was held goes first
   deferred_fin();
   if (staging_.size() > staging_off_ || held_pending()) {

@@ -125,8 +125,14 @@ class Stream {
   bool take_start_request() { return start_requested_.exchange(false, std::memory_order_acq_rel); }
   void attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
                        uint8_t version);
+  // Why it last stayed on or went back to TCP: FallbackReason in the low
+  // byte, the peer's wire::RejectReason (with kRejected) in the next; 0 if
+  // never (getsockopt RSOCK_FALLBACK_REASON).
+  uint16_t fallback_code() const { return fallback_code_.load(std::memory_order_relaxed); }
   // Give the socket back to the kernel (peer_reason: see stats::set_fallback).
   void fall_back(stats::FallbackReason reason, uint8_t peer_reason = 0);
+  // Counts a fallback for rsock-stat and keeps it for fallback_code().
+  void note_fallback(stats::FallbackReason reason, uint8_t peer_reason = 0);
   // Called when the last application fd is gone. Returns true when the
   // stream is finished and may be deleted (else keep calling).
   bool linger_done();
@@ -327,6 +333,7 @@ class Stream {
   std::mutex scratch_mu_;         // held by a Scratch; never together with mu_ taken first
   std::byte* scratch_ = nullptr;  // kScratchSize bytes, mmap'd by the first Scratch
   std::atomic<Phase> phase_{Phase::kPending};
+  std::atomic<uint16_t> fallback_code_{0};
   std::atomic<bool> governs_{true};
   std::atomic<uint64_t> gen_{0};
   std::atomic<uint64_t> tx_gen_{0};

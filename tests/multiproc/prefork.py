@@ -148,14 +148,14 @@ if MASTER_CLOSES:
     # tick of the workers
     time.sleep(5)
 
-results, transports = [None] * CONNS, [set() for _ in range(CONNS)]
+results, transports, whys = [None] * CONNS, [set() for _ in range(CONNS)], [[] for _ in range(CONNS)]
 arrived, go = threading.Semaphore(0), threading.Event()
 
 
 def client(i):
     try:
         results[i] = echo_once(ADDR, port, os.urandom(N), transports[i], chunk=65536,
-                               pause_after_first=1, hold=(arrived, go))
+                               pause_after_first=1, hold=(arrived, go), why=whys[i])
     except Exception as e:  # noqa: BLE001
         results[i] = "error %r" % (e,)
         arrived.release()
@@ -213,10 +213,10 @@ print("prefork%s: %d/%d echoes exact, %d/%d connections on RDMA, served per work
       % (" (master exited)" if MASTER_EXITS else " (master closed its socket)" if MASTER_CLOSES else " (SO_REUSEPORT)" if REUSEPORT else
          " (SO_REUSEPORT in each worker)" if REUSEPORT_EACH else "", ok,
          CONNS, rdma, CONNS, sorted(served.values()), len(qp_workers), mpid in qp_seen))
-bad = [(i, results[i], sorted(transports[i])) for i in range(CONNS)
+bad = [(i, results[i], sorted(transports[i]), ",".join(whys[i]) or "?") for i in range(CONNS)
        if results[i] is not True or 2 not in transports[i]]
 for b in bad:
-    print("  connection %d: result %s, transports %s" % b)
+    print("  connection %d: result %s, transports %s, fallback reason %s" % b)
 for d in died:
     print("  " + d + " (before the test ended)")
 sys.exit(0 if not died and ok == CONNS and rdma == CONNS and len(served) > 1 and len(qp_workers) > 1

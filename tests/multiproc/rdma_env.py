@@ -3,7 +3,12 @@
 # transport librsock reports for a socket; one verified echo as a client.
 import os, socket, sys, threading, time
 
-SOL_RSOCK, RSOCK_TRANSPORT = 0x5253, 1  # preload/librsock.h
+SOL_RSOCK, RSOCK_TRANSPORT, RSOCK_FALLBACK_REASON = 0x5253, 1, 4  # preload/librsock.h
+# util/stats_layout.h FallbackReason, for reports.
+FALLBACK_NAMES = ["none", "policy", "peer_not_rsock", "no_device", "resolve_failed", "rejected",
+                  "timeout", "negative_cache", "no_resources", "protocol", "unsupported",
+                  "peer_closed", "forked", "other", "memlock", "connect_failed", "path_failed",
+                  "handed_off", "released", "fd_limit", "io_uring", "lossy_path"]
 
 
 def transport_of(s):
@@ -14,7 +19,18 @@ def transport_of(s):
         return -1
 
 
-def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0, hold=None):
+def fallback_of(s):
+    # Why the connection last stayed on (or went back to) TCP, by name
+    # ("none" if it never did; "" without librsock).
+    try:
+        c = int.from_bytes(s.getsockopt(SOL_RSOCK, RSOCK_FALLBACK_REASON, 4), "little")
+    except OSError:
+        return ""
+    name = FALLBACK_NAMES[c & 0xff] if (c & 0xff) < len(FALLBACK_NAMES) else str(c & 0xff)
+    return name + (":peer %d" % (c >> 8) if c >> 8 else "")
+
+
+def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0, hold=None, why=None):
     # Connects, sends `data` in chunks (sleeping after the first if asked, so
     # that an upgrade lands mid-stream), half-closes and reads the echo to EOF
     # in a second thread; adds the transport seen after every send and every
@@ -23,6 +39,7 @@ def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0, hold=Non
     # switch still running is over), release the semaphore `arrived` and
     # keep the connection open until the event `go` is set, so that the
     # caller can look at it (its QP) meanwhile.
+    # why: a list; the connection's fallback reason is appended at the end.
     s = socket.create_connection((addr, port))
     got = bytearray()
 
@@ -53,6 +70,8 @@ def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0, hold=Non
         seen.add(transport_of(s))
         hold[0].release()
         hold[1].wait(120)
+    if why is not None:
+        why.append(fallback_of(s))
     s.close()
     return bytes(got) == data
 

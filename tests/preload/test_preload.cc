@@ -174,3 +174,27 @@ TEST_CASE("getsockopt(SOL_RSOCK, RSOCK_TRANSPORT): tcp under librsock, EOPNOTSUP
   CHECK(errno == EOPNOTSUPP);
   close(u);
 }
+
+TEST_CASE("getsockopt(SOL_RSOCK, RSOCK_FALLBACK_REASON): an int under librsock, EOPNOTSUPP without it") {
+  const bool preloaded = getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "librsock");
+  Pair p;
+  int why = -1;
+  socklen_t len = sizeof why;
+  errno = 1234;
+  int r = getsockopt(p.c, SOL_RSOCK, RSOCK_FALLBACK_REASON, &why, &len);
+  if (preloaded) {
+    CHECK(r == 0);
+    CHECK(len == sizeof(int));
+    CHECK(errno == 1234);
+    // Loopback is not eligible: no rendezvous was tried, nothing fell back.
+    CHECK(why == 0);
+    len = 1;
+    CHECK(getsockopt(p.s, SOL_RSOCK, RSOCK_FALLBACK_REASON, &why, &len) == -1);
+    CHECK(errno == EINVAL);
+    CHECK(getsockopt(p.s, SOL_RSOCK, RSOCK_FALLBACK_REASON, nullptr, &len) == -1);
+    CHECK(errno == EFAULT);
+  } else {
+    CHECK(r == -1);
+    CHECK(errno == EOPNOTSUPP);
+  }
+}

@@ -150,6 +150,16 @@ int main(int argc, char** argv) {
         "a connection made after io_uring upgraded (transports %d %d)", transport_of(c2),
         transport_of(s2));
 
+  // Each connection says why itself (getsockopt RSOCK_FALLBACK_REASON).
+  for (int fd : {c, s, c2, s2}) {
+    int why = -1;
+    socklen_t wl = sizeof why;
+    CHECK(getsockopt(fd, SOL_RSOCK, RSOCK_FALLBACK_REASON, &why, &wl) == 0 &&
+              why == int(rsock::stats::FallbackReason::kIoUring),
+          "fd %d: RSOCK_FALLBACK_REASON %d, want %d (io_uring)", fd, why,
+          int(rsock::stats::FallbackReason::kIoUring));
+  }
+
   std::string dir = rsock::stats::default_root_dir() + "/" + std::to_string(getuid());
   std::string why;
   auto snap = rsock::stats::read_process(dir, getpid(), &why);
