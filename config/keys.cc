@@ -15,6 +15,8 @@ constexpr uint64_t kG = 1024 * kM;
 const KeySpec kKeys[] = {
     // Rings are indexed with a mask, hence a power of two.
     {"ring_bytes", KeyKind::kSize, &Tunables::ring_bytes, nullptr, 4 * kK, 256 * kM, true},
+    {"ring_min_bytes", KeyKind::kSize, &Tunables::ring_min_bytes, nullptr, 4 * kK, 256 * kM, true},
+    {"ring_idle_ms", KeyKind::kUint, &Tunables::ring_idle_ms, nullptr, 0, 3600000},
     {"inline_threshold", KeyKind::kSize, &Tunables::inline_threshold, nullptr, 0, 1024},
     {"spin_us", KeyKind::kUint, &Tunables::spin_us, nullptr, 0, 1000000},
     {"resolve_timeout_ms", KeyKind::kUint, &Tunables::resolve_timeout_ms, nullptr, 1, 600000},

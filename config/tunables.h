@@ -10,7 +10,13 @@ namespace rsock::config {
 
 struct Tunables {
   // Transport (rdma) ----------------------------------------------------------
-  uint32_t ring_bytes = 512 * 1024;   // each of a connection's send and receive rings
+  // Each of a connection's send and receive rings, at most: rings start at
+  // ring_min_bytes, move to ring_bytes once the peer keeps using the whole
+  // window (a stream), and back after ring_idle_ms without data, like TCP's
+  // autotuned buffers (docs/TRANSPORT.md, "Rings that grow").
+  uint32_t ring_bytes = 512 * 1024;
+  uint32_t ring_min_bytes = 64 * 1024;
+  uint32_t ring_idle_ms = 5000;       // 0 = a grown ring never shrinks
   uint32_t inline_threshold = 64;     // writes up to this size are posted inline
   uint32_t spin_us = 20;              // busy-poll the CQ this long before sleeping
   uint32_t resolve_timeout_ms = 500;  // rdma_resolve_addr / rdma_resolve_route bound

@@ -50,7 +50,8 @@ uint32_t round_ring(uint32_t want) {
 }  // namespace
 
 Connection::Connection(const config::Tunables& tun) : tun_(tun) {
-  ring_bytes_ = round_ring(pinned::ring_bytes_for(tun.ring_bytes));
+  ring_bytes_ = round_ring(pinned::initial_ring_bytes(tun));
+  big_bytes_ = round_ring(pinned::grown_ring_bytes(tun));
   sq_depth_ = std::clamp<uint32_t>(tun.send_queue_depth, 8, 4096);
   recv_slots_ = std::clamp<uint32_t>(tun.recv_slots, 4, wire::kMaxRecvSlots);
 }
@@ -197,6 +198,9 @@ Status<void> Connection::create_resources() {
 
   rx_.init(ring_bytes_, recv_slots_);
   sring_.init(ring_bytes_);
+  rx_home_ = {rx_ring_, rx_mr_, ring_bytes_, rx_map_bytes_};
+  tx_home_ = {tx_mem_, tx_mr_, ring_bytes_, tx_map_bytes_};
+  last_data_ns_ = now_ns();
   for (uint32_t i = 0; i < recv_slots_; ++i)
     if (!post_recv(i)) return Err(errno ? errno : ENOMEM);
   if (ibv_req_notify_cq(cq_, 0) != 0) return Err(errno ? errno : EIO);
@@ -482,11 +486,111 @@ Status<void> Connection::debug_post_raw(RawKind kind, uint32_t imm, const void* 
   return Err(EINVAL);
 }
 
+// --- Rings that grow and shrink ------------------------------------------
+// A receiver whose peer keeps using the whole window offers a grown ring
+// (RING); the sender answers with RING_ACK at its stream position and writes
+// everything after it to the new ring. The receiver reads the old ring up to
+// that position, then frees it. An idle connection moves back to its first
+// ring the same way. The sender's own send ring follows the size of the
+// peer's ring (local only). docs/TRANSPORT.md, "Rings that grow".
+
+bool Connection::alloc_seg(RingSeg* seg, uint32_t bytes, bool remote_write) {
+  size_t map = page_round(bytes);
+  if (!pinned::reserve_spare(map)) return false;
+  std::byte* mem = map_bytes(map);
+  if (mem == nullptr) {
+    pinned::release(map);
+    return false;
+  }
+  ibv_mr* mr = ibv_reg_mr(pd_, mem, map, remote_write ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0);
+  if (mr == nullptr) {
+    munmap(mem, map);
+    pinned::release(map);
+    return false;
+  }
+  *seg = {mem, mr, bytes, map};
+  return true;
+}
+
+void Connection::free_seg(RingSeg* seg) {
+  if (seg->mr) ibv_dereg_mr(seg->mr);
+  if (seg->mem) {
+    munmap(seg->mem, seg->map);
+    pinned::release(seg->map);
+  }
+  *seg = {};
+}
+
+bool Connection::can_move_rx() const {
+  return peer_.wire_version >= wire::kRingMoveVersion && state_ == State::kEstablished &&
+         rx_old_ == nullptr && rx_next_ == nullptr && !fin_received_;
+}
+
+bool Connection::start_ring_move(RingSeg* to) {
+  if (to == &rx_big_ && rx_big_.mem == nullptr && !alloc_seg(&rx_big_, big_bytes_, true))
+    return false;  // the budget says no: stay as we are
+  wire::RingBlock b{};
+  b.addr = reinterpret_cast<uintptr_t>(to->mem);
+  b.rkey = to->mr->rkey;
+  b.log2 = static_cast<uint8_t>(std::countr_zero(to->bytes));
+  if (!post_control(wire::ControlType::kRing, &b, sizeof b)) return false;  // again later
+  rx_next_ = to;
+  return true;
+}
+
+bool Connection::post_ring_ack() {
+  uint64_t pos = tx_.head();
+  if (!post_control(wire::ControlType::kRingAck, &pos, sizeof pos)) return false;
+  // From here on every DATA goes to the new ring.
+  peer_.ring_addr = peer_next_.addr;
+  peer_.ring_rkey = peer_next_.rkey;
+  peer_.ring_bytes = 1u << peer_next_.log2;
+  tx_.resize(peer_.ring_bytes);
+  ring_ack_pending_ = false;
+  maybe_move_send_ring();
+  return true;
+}
+
+void Connection::maybe_move_send_ring() {
+  if (tx_old_ != nullptr || qp_ == nullptr) return;  // the last move still drains
+  bool want_big = big_bytes_ > ring_bytes_ && peer_.ring_bytes > ring_bytes_;
+  if (want_big && tx_cur_ == &tx_home_) {
+    if (!alloc_seg(&tx_big_, big_bytes_, false)) return;
+    tx_old_ = &tx_home_;
+    tx_cur_ = &tx_big_;
+  } else if (!want_big && tx_cur_ == &tx_big_) {
+    tx_old_ = &tx_big_;
+    tx_cur_ = &tx_home_;
+  } else {
+    return;
+  }
+  sring_.resize(tx_cur_->bytes);
+  ++ctr_.send_ring_moves;
+  drop_old_rings();
+}
+
+void Connection::drop_old_rings() {
+  if (tx_old_ != nullptr && !sring_.old_held()) {
+    // Every byte in it is completed and consumed: no WR reads it, and a
+    // reverse switch never needs it.
+    sring_.drop_old();
+    if (tx_old_ == &tx_big_) free_seg(&tx_big_);
+    tx_old_ = nullptr;
+  }
+  if (rx_old_ != nullptr && rx_.tail() >= rx_switch_) {
+    if (rx_old_ == &rx_big_) free_seg(&rx_big_);
+    rx_old_ = nullptr;
+  }
+}
+
 void Connection::copy_sent(uint64_t from, std::byte* out, size_t n) const {
   while (n > 0) {
-    size_t off = sring_.offset(from);
-    size_t k = std::min<size_t>(n, ring_bytes_ - off);
-    std::memcpy(out, tx_mem_ + off, k);
+    bool old = tx_old_ != nullptr && sring_.in_old(from);
+    const RingSeg* seg = old ? tx_old_ : tx_cur_;
+    size_t off = old ? sring_.old_offset(from) : sring_.offset(from);
+    size_t k = std::min<size_t>(n, seg->bytes - off);
+    if (old) k = std::min<uint64_t>(k, sring_.switch_pos() - from);
+    std::memcpy(out, seg->mem + off, k);
     out += k;
     from += k;
     n -= k;
@@ -569,6 +673,20 @@ void Connection::check_timers(uint64_t now) {
     } else if (state_ < State::kEstablished) {
       fail(ETIMEDOUT);
     }
+  }
+  if (data_seen_) {
+    data_seen_ = false;
+    last_data_ns_ = now;
+  }
+  if (state_ == State::kEstablished) {
+    // An idle connection gives its grown ring back; a send ring that could
+    // not follow the peer's size yet (budget, or still draining) tries again.
+    if (tun_.ring_idle_ms != 0 && rx_cur_ == &rx_big_ && can_move_rx() && rx_.readable() == 0 &&
+        now - last_data_ns_ >= uint64_t{tun_.ring_idle_ms} * 1000000) {
+      if (start_ring_move(&rx_home_)) LOG_DEBUG("transport: qp %u: idle, receive ring back to %u bytes",
+                                                qp_num(), rx_home_.bytes);
+    }
+    maybe_move_send_ring();
   }
   if (state_ == State::kEstablished && tun_.keepalive_ms != 0 &&
       now - last_tx_ns_ >= uint64_t{tun_.keepalive_ms} * 1000000 && sig_count_ == 0) {
@@ -653,6 +771,8 @@ void Connection::destroy_resources() {
     ibv_destroy_cq(cq_);
     cq_ = nullptr;
   }
+  free_seg(&rx_big_);
+  free_seg(&tx_big_);
   for (ibv_mr** mr : {&rx_mr_, &tx_mr_, &rbuf_mr_}) {
     if (*mr) ibv_dereg_mr(*mr);
     *mr = nullptr;

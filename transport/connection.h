@@ -59,6 +59,9 @@ struct Counters {
   uint64_t controls_received = 0;
   uint64_t keepalives = 0;
   uint64_t stalls = 0;  // stall watchdog fired (stall_timeout_ms)
+  uint64_t ring_grows = 0;    // our receive ring moved to its grown size
+  uint64_t ring_shrinks = 0;  // ... and back to its first size
+  uint64_t send_ring_moves = 0;  // our send ring followed the peer's ring size
   uint64_t credit_stalls = 0;    // send() found no peer credit (bytes or WRs)
   uint64_t completions = 0;      // CQEs polled
   uint64_t cq_events = 0;        // completion channel wakeups
@@ -175,7 +178,7 @@ class Connection {
   const Counters& counters() const { return ctr_; }
   // Ring occupancy and credit, for rsock-stat.
   struct Gauges {
-    uint32_t ring_bytes;      // capacity of each ring
+    uint32_t ring_bytes;      // capacity of our receive ring now
     uint32_t send_ring_used;  // bytes in our send ring not yet acknowledged
     uint32_t recv_ring_used;  // bytes in our receive ring not yet read
     uint32_t credit_bytes;    // bytes the peer's ring can take now
@@ -265,6 +268,22 @@ class Connection {
   void on_posted(bool signaled);
   void on_send_completion();
   bool wait_done(short events) const;
+  // Rings that grow and shrink (docs/TRANSPORT.md, "Rings that grow"): a
+  // ring's memory; the first ones (home) live as long as the connection,
+  // a grown one (big) only while in use.
+  struct RingSeg {
+    std::byte* mem = nullptr;
+    ibv_mr* mr = nullptr;
+    uint32_t bytes = 0;
+    size_t map = 0;
+  };
+  bool alloc_seg(RingSeg* seg, uint32_t bytes, bool remote_write);
+  void free_seg(RingSeg* seg);
+  bool can_move_rx() const;
+  bool start_ring_move(RingSeg* to);  // receiver: offer `to` (RING)
+  bool post_ring_ack();                // sender: switch to the ring the peer offered
+  void maybe_move_send_ring();
+  void drop_old_rings();
 
   config::Tunables tun_;
   State state_ = State::kIdle;
@@ -312,6 +331,19 @@ class Connection {
   TxWindow tx_;
   RxWindow rx_;
   SendRing sring_;
+  RingSeg rx_home_, rx_big_, tx_home_, tx_big_;  // home: views of rx_ring_/tx_mem_
+  RingSeg* rx_cur_ = &rx_home_;   // where DATA from rx_switch_ on lands
+  RingSeg* rx_old_ = nullptr;     // bytes before rx_switch_, until read
+  RingSeg* rx_next_ = nullptr;    // offered (RING sent), no RING_ACK yet
+  uint64_t rx_switch_ = 0;
+  RingSeg* tx_cur_ = &tx_home_;   // send ring memory (sring_ positions)
+  RingSeg* tx_old_ = nullptr;
+  uint32_t big_bytes_ = 0;        // grown ring size; <= ring_bytes_: never grows
+  uint32_t full_credits_ = 0;     // CREDITs in a row sent with the peer's window used up
+  bool data_seen_ = false;        // DATA since the last check_timers
+  uint64_t last_data_ns_ = 0;
+  bool ring_ack_pending_ = false; // the peer's RING, not answered yet
+  wire::RingBlock peer_next_{};
   wire::PeerSetup peer_;
   std::byte my_payload_[wire::kMaxPayload] = {};
   uint8_t my_payload_len_ = 0;

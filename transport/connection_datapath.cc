@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "util/clock.h"
 #include "transport/connection.h"
@@ -85,7 +86,7 @@ static bool post_small_send(ibv_qp* qp, ibv_mr* mr, std::byte* buf, const void* 
 constexpr uint32_t kSignalEvery = 16;
 
 bool Connection::signal_next(bool force) const {
-  return force || unsig_run_ + 1 >= kSignalEvery || sring_.free_bytes() < ring_bytes_ / 2 ||
+  return force || unsig_run_ + 1 >= kSignalEvery || sring_.free_bytes() < sring_.size() / 2 ||
          sq_free() <= kSignalEvery + 2;
 }
 
@@ -114,8 +115,14 @@ void Connection::on_send_completion() {
   sq_outstanding_ -= std::min(cover, sq_outstanding_);
 }
 
+// A CREDIT sent while the peer had used its whole window, several times in
+// a row: the peer streams and waits for us, so a bigger ring would let it
+// keep going (TCP's receive autotuning, in spirit).
+constexpr uint32_t kGrowAfter = 4;
+
 bool Connection::post_credit() {
   if (sq_free() < 1 || !tx_.credit_allowed(rx_.slots_owed())) return false;
+  bool full = rx_.window_full();
   wire::CreditBlock cb{rx_.tail_to_advertise(), static_cast<uint32_t>(rx_.slots_to_advertise()), 0};
   std::byte* buf = tx_mem_ + ring_bytes_ + (sq_seq_ % sq_depth_) * wire::kRecvBufBytes;
   bool sig = signal_next(false);
@@ -125,6 +132,7 @@ bool Connection::post_credit() {
     return false;
   }
   rx_.on_credit_sent(cb.consumed, rx_.slots_to_advertise());
+  full_credits_ = full ? full_credits_ + 1 : 0;
   tx_.on_message();
   on_posted(sig);
   ++ctr_.credits_sent;
@@ -175,7 +183,21 @@ bool Connection::post_keepalive() {
 
 void Connection::flush_pending() {
   if (!established() || state_ == State::kClosed) return;
+  if (ring_ack_pending_) post_ring_ack();
   if (rx_.credit_due()) post_credit();
+  // Grow for a peer that streams faster than one window per CREDIT round
+  // trip, and for one that filled the ring while our application does not
+  // read: a first ring must not make a program that writes a lot before it
+  // reads block sooner than the grown ring would (the kernel buffers that
+  // much too).
+  bool stuffed = rx_.window_full() && rx_.readable() >= rx_.ring_bytes();
+  if ((full_credits_ >= kGrowAfter || stuffed) && rx_cur_ == &rx_home_ &&
+      big_bytes_ > ring_bytes_ && can_move_rx()) {
+    full_credits_ = 0;  // (tried again after as many, if the budget said no)
+    if (start_ring_move(&rx_big_))
+      LOG_DEBUG("transport: qp %u: streaming, offering a %u-byte receive ring", qp_num(), big_bytes_);
+  }
+  if (tx_old_ != nullptr || rx_old_ != nullptr) drop_old_rings();
   if (fin_pending_ && !fin_sent_ && post_control(wire::ControlType::kFin, nullptr, 0))
     fin_sent_ = true;
   if (close_pending_ && fin_sent_ && !close_sent_ &&
@@ -197,6 +219,7 @@ bool Connection::handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_
     case wire::Op::kData:
       if (!rdma_imm || fin_received_ || !rx_.accept_data(value)) return false;
       ++ctr_.data_recvs;
+      data_seen_ = true;
       return true;
     case wire::Op::kCredit: {
       if (rdma_imm || byte_len != sizeof(wire::CreditBlock)) return false;
@@ -221,6 +244,35 @@ bool Connection::handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_
           peer_closed_ = true;
           close_received_ = true;
           return true;
+        case wire::ControlType::kRing: {
+          // The peer offers a new ring for our DATA: one at a time, only
+          // from a peer that speaks the ring move.
+          wire::RingBlock b;
+          if (len != sizeof b || ring_ack_pending_ || peer_.wire_version < wire::kRingMoveVersion)
+            return false;
+          std::memcpy(&b, buf, sizeof b);
+          if (b.addr == 0 || b.log2 < wire::kMinRingLog2 || b.log2 > wire::kMaxRingLog2 ||
+              b.reserved[0] || b.reserved[1] || b.reserved[2])
+            return false;
+          peer_next_ = b;
+          ring_ack_pending_ = true;  // answered by flush_pending, ordered after our DATA so far
+          return true;
+        }
+        case wire::ControlType::kRingAck: {
+          // Every DATA before this went to the old ring: it must end exactly
+          // where our head is.
+          uint64_t pos;
+          if (len != sizeof pos || rx_next_ == nullptr) return false;
+          std::memcpy(&pos, buf, sizeof pos);
+          if (pos != rx_.head()) return false;
+          rx_old_ = rx_cur_;
+          rx_cur_ = std::exchange(rx_next_, nullptr);
+          rx_switch_ = pos;
+          rx_.resize(rx_cur_->bytes);
+          if (rx_cur_ == &rx_big_) ++ctr_.ring_grows;
+          else ++ctr_.ring_shrinks;
+          return true;
+        }
         case wire::ControlType::kApp: {
           if (len < 1 || controls_.size() >= kMaxControlQueue) return false;
           ControlMessage m;
@@ -294,7 +346,7 @@ bool Connection::poll_cq() {
 size_t Connection::readable() const { return rx_.readable(); }
 
 Connection::Gauges Connection::gauges() const {
-  return {ring_bytes_, static_cast<uint32_t>(ring_bytes_ - sring_.free_bytes()),
+  return {rx_cur_->bytes, static_cast<uint32_t>(sring_.size() - sring_.free_bytes()),
           static_cast<uint32_t>(rx_.readable()), static_cast<uint32_t>(tx_.free_bytes())};
 }
 
@@ -330,10 +382,10 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
     // there by the post itself; the rest by the device.
     ibv_sge sge{};
     ibv_send_wr wr{};
-    std::byte* dst = tx_mem_ + sring_.offset();
+    std::byte* dst = tx_cur_->mem + sring_.offset();
     cur.copy(dst, n, false);
     sring_.produce(n);
-    sge = {reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(n), tx_mr_->lkey};
+    sge = {reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(n), tx_cur_->mr->lkey};
     if (n <= inline_limit) {
       wr.send_flags = IBV_SEND_INLINE;
       ++ctr_.inline_wrs;
@@ -381,14 +433,19 @@ Status<size_t> Connection::recv(std::span<const iovec> iov, bool peek) {
   uint64_t pos = rx_.tail();
   size_t done = 0;
   while (done < n) {
-    uint64_t off = rx_.offset(pos + done);
-    size_t take = std::min<uint64_t>(n - done, rx_.ring_bytes() - off);
-    cur.copy(rx_ring_ + off, take, true);
+    uint64_t p = pos + done;
+    // Bytes before a ring move's position are in the old ring.
+    const RingSeg* seg = rx_old_ != nullptr && p < rx_switch_ ? rx_old_ : rx_cur_;
+    uint64_t off = p & (seg->bytes - 1);
+    uint64_t take = std::min<uint64_t>(n - done, seg->bytes - off);
+    if (seg == rx_old_) take = std::min(take, rx_switch_ - p);
+    cur.copy(seg->mem + off, take, true);
     done += take;
   }
   if (!peek) {
     rx_.consume(n);
     ctr_.bytes_received += n;
+    if (rx_old_ != nullptr) drop_old_rings();
     if (rx_.credit_due()) flush_pending();
   }
   return n;

@@ -58,6 +58,29 @@ bool reserve(uint64_t bytes) {
   return true;
 }
 
+bool reserve_spare(uint64_t bytes) {
+  uint64_t b = budget();
+  if (b == kUnlimited) return reserve(bytes);
+  uint64_t cap = b - b / 4;
+  uint64_t cur = g_in_use.load(std::memory_order_relaxed);
+  do {
+    if (cur > cap || bytes > cap - cur) return false;
+  } while (!g_in_use.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+uint32_t initial_ring_bytes(const config::Tunables& tun) {
+  return std::min(ring_bytes_for(tun.ring_bytes), tun.ring_min_bytes);
+}
+
+uint32_t grown_ring_bytes(const config::Tunables& tun) {
+  uint64_t b = budget();
+  if (b == kUnlimited) return tun.ring_bytes;
+  constexpr uint64_t kMin = 16 * 1024;
+  uint64_t ring = std::max<uint64_t>(kMin, std::bit_floor(std::max<uint64_t>(b / 16, 1)));
+  return uint32_t(std::min<uint64_t>(tun.ring_bytes, ring));
+}
+
 void release(uint64_t bytes) { g_in_use.fetch_sub(bytes, std::memory_order_relaxed); }
 
 uint64_t connection_bytes(uint32_t ring_bytes, uint32_t sq_depth, uint32_t recv_slots) {
@@ -71,7 +94,7 @@ bool fits(const config::Tunables& tun) {
   // A pre-check: the real reservation happens when the connection registers
   // its memory (the queue sizes are the tunables', before the transport's
   // clamping, which the config ranges make a no-op).
-  uint64_t need = connection_bytes(ring_bytes_for(tun.ring_bytes), tun.send_queue_depth, tun.recv_slots);
+  uint64_t need = connection_bytes(initial_ring_bytes(tun), tun.send_queue_depth, tun.recv_slots);
   uint64_t cur = in_use();
   return cur <= b && need <= b - cur;
 }

@@ -31,6 +31,16 @@ bool fits(const config::Tunables& tun);
 // finite budget the largest power of two (at least 16 KiB) that lets 256
 // connections fit, whichever is smaller.
 uint32_t ring_bytes_for(uint32_t configured);
+// Takes `bytes` only if a quarter of the budget stays free afterwards: a
+// ring that grows must leave room for new connections' first rings.
+bool reserve_spare(uint64_t bytes);
+// The ring size a new connection starts with: ring_min_bytes, within
+// ring_bytes_for(ring_bytes).
+uint32_t initial_ring_bytes(const config::Tunables& tun);
+// The size a ring grows to when its connection streams: ring_bytes, or
+// under a finite budget at most a sixteenth of it (so that a handful of
+// streaming connections cannot take the room of hundreds of idle ones).
+uint32_t grown_ring_bytes(const config::Tunables& tun);
 // Pinned bytes of one connection with rings of `ring_bytes` (both rings plus
 // its send and receive buffers, page-rounded), as Connection registers them.
 uint64_t connection_bytes(uint32_t ring_bytes, uint32_t sq_depth, uint32_t recv_slots);

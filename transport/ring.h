@@ -30,10 +30,19 @@ class TxWindow {
     slots_used_ = 0;
   }
   uint32_t ring_bytes() const { return ring_; }
+  // The peer moved its ring (a RING_ACK we sent marks where): every byte from
+  // head() on goes to the new one, at pos mod its size. Bytes before head()
+  // stay in the old ring until read, so the window stays consumed + size:
+  // the new ring never holds more than `size` unread bytes.
+  void resize(uint32_t ring_bytes) { ring_ = ring_bytes; }
   uint64_t head() const { return head_; }
   uint64_t consumed() const { return consumed_; }
-  // Bytes we may still write without overwriting unread ones.
-  uint64_t free_bytes() const { return ring_ - (head_ - consumed_); }
+  // Bytes we may still write without overwriting unread ones (none while
+  // more than a smaller new ring's worth is unread in the old one).
+  uint64_t free_bytes() const {
+    uint64_t used = head_ - consumed_;
+    return used >= ring_ ? 0 : ring_ - used;
+  }
   // Bytes writable in one piece at head (a DATA write never wraps).
   uint64_t contiguous() const {
     return std::min<uint64_t>(free_bytes(), ring_ - (head_ & (ring_ - 1)));
@@ -73,8 +82,15 @@ class RxWindow {
     slots_posted_ = slots_advertised_ = slots;
   }
   uint32_t ring_bytes() const { return ring_; }
+  // Bytes from head() on arrive in a ring of this size (the RING_ACK that
+  // switches rings is ordered after the last DATA into the old one).
+  void resize(uint32_t ring_bytes) { ring_ = ring_bytes; }
   uint64_t head() const { return head_; }
   uint64_t tail() const { return tail_; }
+  uint64_t advertised() const { return advertised_; }
+  // The peer has used all the credit we gave: it cannot send until our next
+  // CREDIT (the signal for a bigger ring).
+  bool window_full() const { return head_ >= advertised_ + ring_; }
   uint64_t readable() const { return head_ - tail_; }
   uint64_t offset(uint64_t pos) const { return pos & (ring_ - 1); }
 
@@ -122,14 +138,39 @@ class RxWindow {
 // over TCP when the connection switches back (docs/DESIGN.md, "The reverse
 // switch"). The peer's ring is never larger than what it granted, so this
 // costs no throughput when both rings have the same size.
+//
+// The ring can move to new memory of another size (resize): bytes from
+// switch_pos() on go to the new memory at pos mod its size, older ones stay
+// in the old memory (old_offset) until old_held() turns false.
 class SendRing {
  public:
-  void init(uint32_t bytes) { size_ = bytes; head_ = tail_ = keep_ = 0; }
+  void init(uint32_t bytes) {
+    size_ = bytes;
+    old_size_ = 0;
+    head_ = tail_ = keep_ = switch_ = 0;
+  }
+  // Only once !old_held() (one move at a time).
+  void resize(uint32_t bytes) {
+    old_size_ = size_;
+    size_ = bytes;
+    switch_ = head_;
+  }
+  uint32_t size() const { return size_; }
+  uint64_t switch_pos() const { return switch_; }
+  // Bytes before switch_pos() are still needed (not completed or not consumed).
+  bool old_held() const { return old_size_ != 0 && floor() < switch_; }
+  bool in_old(uint64_t pos) const { return old_size_ != 0 && pos < switch_; }
+  uint64_t old_offset(uint64_t pos) const { return pos & (old_size_ - 1); }
+  uint32_t old_size() const { return old_size_; }
+  void drop_old() { old_size_ = 0; }
   uint64_t head() const { return head_; }
   uint64_t tail() const { return tail_; }
   // The oldest byte still held: neither completed nor consumed yet.
   uint64_t floor() const { return std::min(tail_, keep_); }
-  uint64_t free_bytes() const { return size_ - (head_ - floor()); }
+  uint64_t free_bytes() const {
+    uint64_t used = head_ - std::max(floor(), switch_);
+    return used >= size_ ? 0 : size_ - used;
+  }
   uint64_t contiguous() const {
     return std::min<uint64_t>(free_bytes(), size_ - (head_ & (size_ - 1)));
   }
@@ -149,9 +190,11 @@ class SendRing {
 
  private:
   uint32_t size_ = 0;
+  uint32_t old_size_ = 0;  // 0: no old memory
   uint64_t head_ = 0;
   uint64_t tail_ = 0;
   uint64_t keep_ = 0;
+  uint64_t switch_ = 0;
 };
 
 }  // namespace rsock::transport

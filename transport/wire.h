@@ -44,7 +44,16 @@
 //   op 2 CONTROL SEND_WITH_IMM, value = type << 8 | len, payload len bytes
 //                (len <= kMaxControlBytes): type 1 FIN (no more data after the
 //                bytes already sent), 2 CLOSE (sender will read no more),
-//                3 APP (payload[0] = application type, rest its data).
+//                3 APP (payload[0] = application type, rest its data);
+//                wire version 2 adds the ring move:
+//                4 RING (16-byte RingBlock: the receiver offers a new receive
+//                  ring: u64 addr, u32 rkey, u8 log2 (12..28), 3 reserved
+//                  zero bytes); at most one outstanding, sent only to a peer
+//                  that negotiated version >= 2,
+//                5 RING_ACK (u64 pos: the sender's stream position; every
+//                  DATA before this message went to the old ring, every one
+//                  after it goes to the new one, at pos mod its size). The
+//                  receiver frees the old ring once it has read up to pos.
 // A keepalive is a zero-length RDMA_WRITE without immediate: it consumes no
 // receive WR on the peer, the peer's RNIC acknowledges it, and a dead peer
 // makes it fail with a retry-exceeded completion.
@@ -64,7 +73,8 @@ inline constexpr uint32_t kMagic = 0x4b535231;
 // one both ends speak (negotiate_wire) and says it in its accept; a request
 // with none in common is rejected with kBadVersion (docs/VERSIONS.md).
 inline constexpr uint8_t kWireMinVersion = 1;
-inline constexpr uint8_t kWireVersion = 1;
+inline constexpr uint8_t kWireVersion = 2;
+inline constexpr uint8_t kRingMoveVersion = 2;  // RING / RING_ACK (rings grow and shrink)
 inline constexpr size_t kMaxPayload = 32;          // opaque setup payload
 inline constexpr size_t kSetupHeaderBytes = 24;    // SetupBlock without payload
 inline constexpr size_t kRejectBytes = 8;          // magic..reason
@@ -120,7 +130,15 @@ static_assert(sizeof(SetupBlock) == 56, "RDMA_PS_TCP connect private data limit"
 static_assert(offsetof(SetupBlock, payload) == kSetupHeaderBytes);
 
 enum class Op : uint32_t { kData = 0, kCredit = 1, kControl = 2 };
-enum class ControlType : uint8_t { kFin = 1, kClose = 2, kApp = 3 };
+enum class ControlType : uint8_t { kFin = 1, kClose = 2, kApp = 3, kRing = 4, kRingAck = 5 };
+
+struct RingBlock {
+  uint64_t addr;
+  uint32_t rkey;
+  uint8_t log2;
+  uint8_t reserved[3];
+};
+static_assert(sizeof(RingBlock) == 16);
 
 inline constexpr uint32_t kOpShift = 29;
 inline constexpr uint32_t kValueMask = (1u << kOpShift) - 1;

@@ -1,6 +1,6 @@
 // Two-process tests of transport/ over Soft-RoCE (run inside tools/rxe-vm).
 //   rsock_transport_vmtest <case>
-// Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side keepalive stall noport reject foreign_rkey hostile
+// Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side keepalive stall noport reject foreign_rkey hostile ring_move
 // Exit 77 with "SKIP: no RDMA device" when the host has no verbs device.
 #include <algorithm>
 #include <rdma/rdma_cma.h>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "transport/pinned.h"
 #include "util/log.h"
 
 using rsock::Ok;
@@ -787,6 +788,73 @@ int foreign_rkey_case() {
   return run_pair(server, client, tun, 120);
 }
 
+// ---------------------------------------------------------------- ring_move
+// Rings that grow and shrink (docs/TRANSPORT.md): with 16 KiB first rings
+// and 256 KiB grown ones, an 8 MiB stream makes the receiver offer its
+// grown ring and the sender follow; 300 ms idle later the receiver moves
+// back and its pinned memory returns to what the connection started with;
+// a second stream grows it again. Every byte is checked across the moves.
+int ring_move_case() {
+  Tunables tun = test_tunables();
+  tun.ring_min_bytes = 16 * 1024;
+  tun.ring_bytes = 256 * 1024;
+  tun.ring_idle_ms = 300;
+  constexpr size_t kFirst = 8u << 20, kSecond = 4u << 20;
+  auto server = [&](rt::Listener& l, pid_t) -> int {
+    auto c = accept_one(l);
+    uint64_t pinned_start = rt::pinned::in_use();
+    CHECK(c->gauges().ring_bytes == 16 * 1024, "first ring %u bytes, want 16 KiB", c->gauges().ring_bytes);
+    std::vector<char> want(kFirst), got(kFirst);
+    Rng r1(21);
+    fill(r1, want.data(), kFirst);
+    CHECK(recv_all(*c, got.data(), kFirst), "EOF in the first stream");
+    CHECK(std::memcmp(want.data(), got.data(), kFirst) == 0, "first stream differs");
+    auto k = c->counters();
+    CHECK(k.ring_grows == 1, "ring grew %llu times during the first stream, want 1",
+          (unsigned long long)k.ring_grows);
+    CHECK(c->gauges().ring_bytes == 256 * 1024, "ring %u bytes after the stream, want 256 KiB",
+          c->gauges().ring_bytes);
+    uint64_t pinned_grown = rt::pinned::in_use();
+    // Idle: the ring goes back (the client answers from its wait()).
+    uint64_t t0 = rsock::now_ns();
+    while (c->counters().ring_shrinks == 0) {
+      CHECK(secs_since(t0) < 20, "ring not given back within 20 s of idleness");
+      CHECK(c->progress().ok(), "progress");
+      (void)c->wait(POLLIN, 50);
+    }
+    double idle_s = secs_since(t0);
+    CHECK(c->gauges().ring_bytes == 16 * 1024, "ring %u bytes after idling, want 16 KiB",
+          c->gauges().ring_bytes);
+    CHECK(rt::pinned::in_use() == pinned_start, "pinned %llu bytes after idling, %llu at the start",
+          (unsigned long long)rt::pinned::in_use(), (unsigned long long)pinned_start);
+    log_line("ring_move: server: grew to 256 KiB (pinned %llu -> %llu bytes), back to 16 KiB "
+             "%.2f s after the stream (pinned %llu)", (unsigned long long)pinned_start,
+             (unsigned long long)pinned_grown, idle_s, (unsigned long long)rt::pinned::in_use());
+    char go = 'g';
+    send_all(*c, &go, 1);
+    expect_seeded_then_eof(*c, kSecond, 22, "second stream");
+    CHECK(c->counters().ring_grows == 2, "ring grew %llu times in all, want 2",
+          (unsigned long long)c->counters().ring_grows);
+    return 0;
+  };
+  auto client = [&](uint16_t port) -> int {
+    auto c = connect_to(port, tun);
+    std::vector<char> data(kFirst);
+    Rng r1(21);
+    fill(r1, data.data(), kFirst);
+    send_all(*c, data.data(), kFirst);
+    char go = 0;
+    CHECK(recv_all(*c, &go, 1) && go == 'g', "no go from the server");
+    send_seeded_and_close(*c, kSecond, 22);
+    auto k = c->counters();
+    log_line("ring_move: client: send ring moved %llu times", (unsigned long long)k.send_ring_moves);
+    CHECK(k.send_ring_moves == 3, "send ring moved %llu times, want 3 (up, down, up)",
+          (unsigned long long)k.send_ring_moves);
+    return 0;
+  };
+  return run_pair(server, client, tun, 300);
+}
+
 // ---------------------------------------------------------------- hostile
 // A hostile peer (issue 13): after a valid setup it sends one message that
 // breaks a rule of the data path (docs/wire-format.md). Only that connection
@@ -810,6 +878,12 @@ std::vector<HostileCase> hostile_cases() {
     std::memcpy(v.data(), &cb, sizeof cb);
     return v;
   };
+  auto ring = [](uint8_t log2) {
+    w::RingBlock b{0x10000, 0x1234, log2, {}};
+    std::vector<unsigned char> v(sizeof b);
+    std::memcpy(v.data(), &b, sizeof b);
+    return v;
+  };
   const uint32_t ctl = uint32_t(w::Op::kControl) << w::kOpShift;
   return {
       {"credit_past_sent", K::kSend, w::make_imm(w::Op::kCredit, 0), credit(1ull << 40, 0)},
@@ -829,6 +903,13 @@ std::vector<HostileCase> hostile_cases() {
       {"no_immediate", K::kSendNoImm, 0, std::vector<unsigned char>(16)},
       {"oversize_send", K::kSend, ctl | w::control_value(w::ControlType::kApp, 40),
        std::vector<unsigned char>(200)},
+      // The ring move (wire version 2): an answer nobody asked for, a ring
+      // of an impossible size.
+      {"ring_ack_unasked", K::kSend, ctl | w::control_value(w::ControlType::kRingAck, 8),
+       std::vector<unsigned char>(8)},
+      {"ring_bad_size", K::kSend, ctl | w::control_value(w::ControlType::kRing, 16), ring(40)},
+      {"ring_short", K::kSend, ctl | w::control_value(w::ControlType::kRing, 8),
+       std::vector<unsigned char>(8, 1)},
   };
 }
 
@@ -905,7 +986,7 @@ int hostile_case() {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|bidir|kill_reader_side|kill_writer_side|keepalive|stall|noport|reject|foreign_rkey|hostile\n", argv[0]);
+    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|bidir|kill_reader_side|kill_writer_side|keepalive|stall|noport|reject|foreign_rkey|hostile|ring_move\n", argv[0]);
     return 2;
   }
   skip_without_device();
@@ -925,6 +1006,7 @@ int main(int argc, char** argv) {
   else if (c == "reject") rc = reject_case();
   else if (c == "foreign_rkey") rc = foreign_rkey_case();
   else if (c == "hostile") rc = hostile_case();
+  else if (c == "ring_move") rc = ring_move_case();
   std::printf("%s: %s in %.1f s\n", c.c_str(), rc == 0 ? "PASS" : "FAIL", secs_since(t0));
   return rc;
 }

@@ -36,3 +36,22 @@ TEST_CASE("pinned: the configured ring size without a limit, a smaller one under
   CHECK(pinned::ring_bytes_for(32 * 1024) == 32 * 1024);  // never above the configured size
   pinned::set_limit_for_tests(pinned::kUnlimited);
 }
+
+TEST_CASE("pinned: rings start small and grow within a spare quarter of the budget") {
+  rsock::config::Tunables t;
+  pinned::set_limit_for_tests(pinned::kUnlimited);
+  CHECK(pinned::initial_ring_bytes(t) == 64 * 1024);
+  CHECK(pinned::grown_ring_bytes(t) == 512 * 1024);
+  pinned::set_limit_for_tests(8u << 20);  // 6 MiB budget
+  CHECK(pinned::initial_ring_bytes(t) == 16 * 1024);
+  CHECK(pinned::grown_ring_bytes(t) == 256 * 1024);
+  uint64_t base = pinned::in_use();
+  // reserve_spare keeps a quarter of the budget free; reserve does not.
+  uint64_t spare = pinned::budget() - pinned::budget() / 4 - base;
+  CHECK(pinned::reserve_spare(spare));
+  CHECK_FALSE(pinned::reserve_spare(4096));
+  CHECK(pinned::reserve(4096));
+  pinned::release(spare + 4096);
+  CHECK(pinned::in_use() == base);
+  pinned::set_limit_for_tests(pinned::kUnlimited);
+}

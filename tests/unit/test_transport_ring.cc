@@ -165,7 +165,7 @@ TEST_CASE("transport wire: setup block parse and validation") {
     CHECK(w::parse_setup(&x, len, w::SetupKind::kRequest, &q) == want);
   };
   bad([](w::SetupBlock& x) { x.magic = 0xdeadbeef; }, w::RejectReason::kBadMagic);
-  bad([](w::SetupBlock& x) { x.version = 2; }, w::RejectReason::kBadVersion);
+  bad([](w::SetupBlock& x) { x.version = w::kWireVersion + 1; }, w::RejectReason::kBadVersion);
   bad([](w::SetupBlock& x) { x.kind = 2; }, w::RejectReason::kBadSetup);
   bad([](w::SetupBlock& x) { x.ring_log2 = 11; }, w::RejectReason::kBadSetup);
   bad([](w::SetupBlock& x) { x.ring_log2 = 29; }, w::RejectReason::kBadSetup);
@@ -257,4 +257,77 @@ TEST_CASE("transport TxWindow: the last peer receive WR only carries a credit th
   CHECK(tx.credit_allowed(1));
   tx.on_message();
   CHECK_FALSE(tx.credit_allowed(5));
+}
+
+TEST_CASE("transport ring move: the window follows the new ring, never past unread bytes") {
+  // Sender and receiver with 4 KiB rings; the receiver offers 16 KiB and
+  // the sender's RING_ACK marks position 3000.
+  TxWindow tx;
+  RxWindow rx;
+  tx.init(4096, 64);
+  rx.init(4096, 64);
+  tx.on_data(3000);
+  REQUIRE(rx.accept_data(3000));
+  tx.resize(16384);
+  rx.resize(16384);
+  // 3000 bytes unread in the old ring: the new one takes 16384 - 3000 more,
+  // from offset 3000 of the new ring (pos mod size).
+  CHECK(tx.free_bytes() == 16384 - 3000);
+  CHECK(tx.offset() == 3000);
+  tx.on_data(13384);
+  REQUIRE(rx.accept_data(13384));
+  CHECK(tx.free_bytes() == 0);
+  CHECK(rx.window_full());
+  CHECK_FALSE(rx.accept_data(1));  // beyond the credit
+  // Back to 4 KiB while 16384 bytes are unread: no window at all until the
+  // reader is within 4 KiB of the head (the unsigned arithmetic saturates).
+  tx.resize(4096);
+  rx.resize(4096);
+  CHECK(tx.free_bytes() == 0);
+  CHECK(tx.contiguous() == 0);
+  rx.consume(16384 - 1000);
+  REQUIRE(tx.accept_credit(16384 - 1000, 64));
+  rx.on_credit_sent(16384 - 1000, 64);
+  CHECK(tx.free_bytes() == 4096 - 1000);
+  CHECK(tx.offset() == 16384 % 4096);
+  CHECK(rx.accept_data(3096));
+  CHECK_FALSE(rx.accept_data(1));
+}
+
+TEST_CASE("transport SendRing move: old memory is held until completed and consumed") {
+  SendRing s;
+  s.init(4096);
+  s.produce(3000);
+  s.resize(16384);
+  CHECK(s.switch_pos() == 3000);
+  CHECK(s.old_held());
+  CHECK(s.in_old(2999));
+  CHECK_FALSE(s.in_old(3000));
+  CHECK(s.old_offset(2999) == 2999);
+  CHECK(s.free_bytes() == 16384);  // nothing in the new memory yet
+  CHECK(s.offset() == 3000);
+  s.produce(10000);
+  CHECK(s.free_bytes() == 16384 - 10000);
+  REQUIRE(s.complete(13000));
+  CHECK(s.old_held());  // completed, but the peer has not consumed it
+  s.retain_from(2999);
+  CHECK(s.old_held());
+  s.retain_from(3000);
+  CHECK_FALSE(s.old_held());
+  s.drop_old();
+  CHECK_FALSE(s.in_old(0));
+  // Back to the small memory while 10000 bytes are held in the big one.
+  s.resize(4096);
+  CHECK(s.old_held());
+  CHECK(s.free_bytes() == 4096);
+  s.produce(4096);
+  CHECK(s.free_bytes() == 0);
+  s.retain_from(13000);
+  CHECK_FALSE(s.old_held());  // floor = min(tail 13000, keep 13000) = switch
+}
+
+TEST_CASE("transport wire: the ring move is wire version 2") {
+  CHECK(w::kWireVersion >= w::kRingMoveVersion);
+  CHECK(w::negotiate_wire(1, 0) == 1);  // a 0.1.0 peer: version 1, no ring moves
+  CHECK(sizeof(w::RingBlock) <= w::kMaxControlBytes);
 }
