@@ -592,6 +592,7 @@ void check_paths(uint64_t now) {
   // A stream whose lock is taken right now (its application is in the
   // middle of I/O) keeps the port it had: under load the port's judgement
   // must not start over at every look, or a lossy port is never judged.
+  // Busy: it moved bytes since the last look, or its lock is taken now.
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
     if (!g_stream_owner[i] || st->phase() != Phase::kRdma) {
@@ -599,8 +600,10 @@ void check_paths(uint64_t now) {
       continue;
     }
     Stream::PortLook look;
-    bool fresh = st->look_port(&look);
-    if (fresh) {
+    st->loss_busy = true;
+    if (st->look_port(&look)) {
+      st->loss_busy = look.moved != st->moved_at_loss_check;
+      st->moved_at_loss_check = look.moved;
       st->loss_look = look;
       st->loss_look_valid = true;
     }
@@ -624,15 +627,8 @@ void check_paths(uint64_t now) {
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
     if (!g_stream_owner[i] || st->phase() != Phase::kRdma || !st->loss_look_valid) continue;
-    // Busy: it moved bytes since the last look, or its lock is taken now.
-    Stream::PortLook look;
-    bool busy = true;
-    if (st->look_port(&look)) {
-      busy = look.moved != st->moved_at_loss_check;
-      st->moved_at_loss_check = look.moved;
-    }
     PortWatch* p = port_watch(st->loss_look);
-    if (busy && p->lossy_until_ns > now &&
+    if (st->loss_busy && p->lossy_until_ns > now &&
         st->try_revert(RevertMode::kKeep, stats::FallbackReason::kLossyPath))
       negative_cache_add(st->peer(), /*whole_host=*/true);
   }

@@ -813,16 +813,8 @@ bool Stream::advance_locked(bool full) {
       if (reup_ && retry_reupgrade(reason)) return true;
       if (reason == stats::FallbackReason::kTimeout) log_rendezvous_timeout();
       uint8_t peer_reason = static_cast<uint8_t>(conn_->reject_reason());
-      // Only the peer's own answer keeps it off RDMA for a while; a local
-      // shortage (memlock, resources) says nothing about the peer. A peer
-      // that was on RDMA with us is no stranger: only a lossy path counts
-      // against it when it does not take us back.
-      if (reup_) cache = reason == stats::FallbackReason::kLossyPath;
-      // Nor does a redirected request that then timed out: the peer proved
-      // it runs librsock and knows the connection, its worker was just slow
-      // (a loaded preforking server): the next connections try again.
-      if (redirected_ && reason == stats::FallbackReason::kTimeout) cache = false;
-      if (cache) negative_cache_add(peer_, reason == stats::FallbackReason::kLossyPath);
+      if (caches_failure(reason, cache))
+        negative_cache_add(peer_, reason == stats::FallbackReason::kLossyPath);
       mu_.unlock();
       fall_back(reason, peer_reason);
       mu_.lock();
@@ -850,7 +842,7 @@ bool Stream::advance_locked(bool full) {
       if (now_ns() > deadline_ns_) {
         if (reup_ && retry_reupgrade(stats::FallbackReason::kTimeout)) return true;
         log_rendezvous_timeout();
-        if (!reup_ && !redirected_) negative_cache_add(peer_);  // (as above)
+        if (caches_failure(stats::FallbackReason::kTimeout, true)) negative_cache_add(peer_);
         mu_.unlock();
         fall_back(stats::FallbackReason::kTimeout);
         mu_.lock();
@@ -1007,6 +999,21 @@ void Stream::revert_to_tcp(stats::FallbackReason reason, const char* why) {
 
 // Once per connection, and it says which step hung (the peer, its
 // listener's redirect, or rdma_cm itself).
+// Under mu_: whether a failed rendezvous keeps the peer off RDMA for a
+// while (the negative cache). `cache`: what the failure itself says (only
+// the peer's own answer counts; a local shortage, memlock or resources,
+// says nothing about the peer).
+bool Stream::caches_failure(stats::FallbackReason reason, bool cache) const {
+  // A peer that was on RDMA with us is no stranger: only a lossy path
+  // counts against it when it does not take us back.
+  if (reup_) return reason == stats::FallbackReason::kLossyPath;
+  // Nor does a redirected request that then timed out: the peer proved it
+  // runs librsock and knows the connection, its worker was just slow (a
+  // loaded preforking server): the next connections try again.
+  if (redirected_ && reason == stats::FallbackReason::kTimeout) return false;
+  return cache;
+}
+
 void Stream::log_rendezvous_timeout() const {
   LOG_INFO("fd %d: RDMA rendezvous timed out (%s%s, %llu ms after the socket's start); "
            "staying on TCP", tcp_fd_, conn_->stage(), redirected_ ? ", redirected" : "",

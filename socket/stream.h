@@ -189,6 +189,7 @@ class Stream {
   uint64_t moved_at_loss_check = 0;  // progress thread only, under its lock
   PortLook loss_look{};              // ... the port of its last look
   bool loss_look_valid = false;      // ... loss_look is of this stream on RDMA
+  bool loss_busy = false;            // ... it moved bytes since the look before, or was locked
   // Upgrading again after a reverse switch (docs/DESIGN.md, "Upgrading
   // again"): a client's next rendezvous attempt is due (the progress thread
   // then calls start_client()); and whether the stream only waits for one
@@ -255,6 +256,7 @@ class Stream {
   void advance_inline(bool full);  // advance_locked() + wake sleepers if needed
   void connect_locked(uint16_t rport);
   void enter_switching();
+  bool caches_failure(stats::FallbackReason reason, bool cache) const;
   void log_rendezvous_timeout() const;
   // The kernel socket's free send space, roughly (SIOCOUTQ against SO_SNDBUF).
   size_t tcp_send_space() const;

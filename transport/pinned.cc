@@ -33,6 +33,17 @@ uint64_t budget_of(uint64_t limit) {
 
 uint64_t page_round(uint64_t n) { return (n + 4095) & ~uint64_t{4095}; }
 
+constexpr uint64_t kMinRing = 16 * 1024;  // the smallest ring a budget sizes
+
+// Takes `bytes` if in_use stays at or below `cap`.
+bool reserve_up_to(uint64_t bytes, uint64_t cap) {
+  uint64_t cur = g_in_use.load(std::memory_order_relaxed);
+  do {
+    if (cur > cap || bytes > cap - cur) return false;
+  } while (!g_in_use.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  return true;
+}
+
 }  // namespace
 
 uint64_t budget() {
@@ -49,24 +60,11 @@ uint64_t budget() {
 
 uint64_t in_use() { return g_in_use.load(std::memory_order_relaxed); }
 
-bool reserve(uint64_t bytes) {
-  uint64_t b = budget();
-  uint64_t cur = g_in_use.load(std::memory_order_relaxed);
-  do {
-    if (b != kUnlimited && (cur > b || bytes > b - cur)) return false;
-  } while (!g_in_use.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
-  return true;
-}
+bool reserve(uint64_t bytes) { return reserve_up_to(bytes, budget()); }
 
 bool reserve_spare(uint64_t bytes) {
   uint64_t b = budget();
-  if (b == kUnlimited) return reserve(bytes);
-  uint64_t cap = b - b / 4;
-  uint64_t cur = g_in_use.load(std::memory_order_relaxed);
-  do {
-    if (cur > cap || bytes > cap - cur) return false;
-  } while (!g_in_use.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
-  return true;
+  return reserve_up_to(bytes, b == kUnlimited ? b : b - b / 4);
 }
 
 uint32_t initial_ring_bytes(const config::Tunables& tun) {
@@ -76,8 +74,7 @@ uint32_t initial_ring_bytes(const config::Tunables& tun) {
 uint32_t grown_ring_bytes(const config::Tunables& tun) {
   uint64_t b = budget();
   if (b == kUnlimited) return tun.ring_bytes;
-  constexpr uint64_t kMin = 16 * 1024;
-  uint64_t ring = std::max<uint64_t>(kMin, std::bit_floor(std::max<uint64_t>(b / 16, 1)));
+  uint64_t ring = std::max<uint64_t>(kMinRing, std::bit_floor(std::max<uint64_t>(b / 16, 1)));
   return uint32_t(std::min<uint64_t>(tun.ring_bytes, ring));
 }
 
@@ -102,9 +99,8 @@ bool fits(const config::Tunables& tun) {
 uint32_t ring_bytes_for(uint32_t configured) {
   uint64_t b = budget();
   if (b == kUnlimited) return configured;
-  constexpr uint64_t kMin = 16 * 1024;
   uint64_t per_conn = b / 256 / 2;  // two rings per connection
-  uint64_t ring = per_conn >= kMin ? std::bit_floor(per_conn) : kMin;
+  uint64_t ring = per_conn >= kMinRing ? std::bit_floor(per_conn) : kMinRing;
   return uint32_t(std::min<uint64_t>(configured, ring));
 }
 

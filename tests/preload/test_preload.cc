@@ -146,55 +146,51 @@ TEST_CASE("ioctl FIONBIO and FIONREAD pass through") {
   CHECK(n == 4);
 }
 
-TEST_CASE("getsockopt(SOL_RSOCK, RSOCK_TRANSPORT): tcp under librsock, EOPNOTSUPP without it") {
-  // Loopback never upgrades, so under librsock the answer is "tcp"; the kernel
-  // alone does not know the level. Either way errno discipline holds.
+// An int option at SOL_RSOCK of a loopback pair: under librsock it answers
+// (*value) with errno untouched, and a buffer of `short_len` bytes gets
+// EINVAL, like the kernel's int options; the kernel alone does not know the
+// level (EOPNOTSUPP). Returns whether librsock answered.
+bool rsock_int_option(const Pair& p, int opt, int* value, socklen_t short_len) {
   const bool preloaded = getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "librsock");
-  Pair p;
-  int t = -1;
-  socklen_t len = sizeof t;
+  socklen_t len = sizeof *value;
   errno = 1234;
-  int r = getsockopt(p.c, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len);
-  if (preloaded) {
-    CHECK(r == 0);
-    CHECK(t == RSOCK_TRANSPORT_TCP);
-    CHECK(len == sizeof(int));
-    CHECK(errno == 1234);
-    len = 2;  // too short for an int: EINVAL, like the kernel's int options
-    CHECK(getsockopt(p.s, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) == -1);
-    CHECK(errno == EINVAL);
-  } else {
+  int r = getsockopt(p.c, SOL_RSOCK, opt, value, &len);
+  if (!preloaded) {
     CHECK(r == -1);
     CHECK(errno == EOPNOTSUPP);
+    return false;
   }
+  CHECK(r == 0);
+  CHECK(len == sizeof(int));
+  CHECK(errno == 1234);
+  int v;
+  len = short_len;
+  CHECK(getsockopt(p.s, SOL_RSOCK, opt, &v, &len) == -1);
+  CHECK(errno == EINVAL);
+  return true;
+}
+
+TEST_CASE("getsockopt(SOL_RSOCK, RSOCK_TRANSPORT): tcp under librsock, EOPNOTSUPP without it") {
+  // Loopback never upgrades, so under librsock the answer is "tcp".
+  Pair p;
+  int t = -1;
+  if (rsock_int_option(p, RSOCK_TRANSPORT, &t, 2)) CHECK(t == RSOCK_TRANSPORT_TCP);
   // Not a TCP socket: the kernel answers in both cases.
   int u = socket(AF_INET, SOCK_DGRAM, 0);
-  len = sizeof t;
+  socklen_t len = sizeof t;
   CHECK(getsockopt(u, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) == -1);
   CHECK(errno == EOPNOTSUPP);
   close(u);
 }
 
 TEST_CASE("getsockopt(SOL_RSOCK, RSOCK_FALLBACK_REASON): an int under librsock, EOPNOTSUPP without it") {
-  const bool preloaded = getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "librsock");
   Pair p;
   int why = -1;
-  socklen_t len = sizeof why;
-  errno = 1234;
-  int r = getsockopt(p.c, SOL_RSOCK, RSOCK_FALLBACK_REASON, &why, &len);
-  if (preloaded) {
-    CHECK(r == 0);
-    CHECK(len == sizeof(int));
-    CHECK(errno == 1234);
+  if (rsock_int_option(p, RSOCK_FALLBACK_REASON, &why, 1)) {
     // Loopback is not eligible: no rendezvous was tried, nothing fell back.
     CHECK(why == 0);
-    len = 1;
-    CHECK(getsockopt(p.s, SOL_RSOCK, RSOCK_FALLBACK_REASON, &why, &len) == -1);
-    CHECK(errno == EINVAL);
+    socklen_t len = sizeof why;
     CHECK(getsockopt(p.s, SOL_RSOCK, RSOCK_FALLBACK_REASON, nullptr, &len) == -1);
     CHECK(errno == EFAULT);
-  } else {
-    CHECK(r == -1);
-    CHECK(errno == EOPNOTSUPP);
   }
 }
