@@ -31,6 +31,7 @@
 #include "socket/rendezvous.h"
 #include "socket/stream.h"
 #include "transport/cm_hub.h"
+#include "transport/cq_hub.h"
 #include "transport/fds.h"
 #include "transport/listener.h"
 #include "transport/path_quality.h"
@@ -54,8 +55,8 @@ constexpr uint64_t kOwnerTag = uint64_t{1} << 42;  // kOwnerTag | pidfd of a lis
 // up to kTakeOverGapMaxNs while the port stays taken by someone else.
 constexpr uint64_t kTakeOverGapNs = 20'000'000, kTakeOverGapMaxNs = 1'000'000'000;
 // An upgraded connection keeps this many fds (the TCP reference, the wake
-// eventfd, the completion channel).
-constexpr int kFdsPerStream = 3;
+// eventfd).
+constexpr int kFdsPerStream = 2;
 
 // How often the thread looks at an upgraded stream: often enough for its
 // keepalive (sent after keepalive_ms without traffic).
@@ -250,6 +251,7 @@ bool ensure_thread() {
     if (sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, transport::cm_hub::fd(), &ev) == 0)
       transport::cm_hub::set_serviced(true);
   }
+
   // The thread must not keep a process alive nor receive its signals.
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -307,7 +309,7 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
   if (l == nullptr || (!l->side && l->tcp_port != ntohs(rq.server_port))) return false;
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
-    if (st->client() || st->phase() != Phase::kPending || st->progress_fd() >= 0) continue;
+    if (st->client() || st->phase() != Phase::kPending || st->has_conn()) continue;
     if (!g_stream_owner[i]) continue;
     const auto& peer = st->peer();
     const auto& local = st->local();
@@ -762,7 +764,7 @@ bool fd_room(Socket* s) {
   static std::atomic<bool> warned{false};
   if (!warned.exchange(true))
     log::write_line(log::Level::kWarn,
-                    "half of the fd limit (RLIMIT_NOFILE) is in use by librsock (3 fds per "
+                    "half of the fd limit (RLIMIT_NOFILE) is in use by librsock (2 fds per "
                     "upgraded connection): new connections stay on TCP. Raise it with "
                     "`ulimit -n` (or LimitNOFILE= for a systemd service)");
   s->note_fallback(stats::FallbackReason::kFdLimit);
@@ -1213,6 +1215,7 @@ void progress_before_fork() {
   g_loop_mu.lock();
   g_hub_serviced_before_fork = transport::cm_hub::serviced();
   transport::cm_hub::set_serviced(false);
+
   // Held across fork(): no stream can be created or start its rendezvous
   // meanwhile. An upgrade still pending now would be completed by one process
   // while both own the TCP stream, so those stay on TCP, in both processes.
@@ -1276,6 +1279,7 @@ void progress_after_fork_child() {
   g_thread_up.store(false, std::memory_order_relaxed);  // no progress thread here yet
   g_unwatched_inherited.store(0, std::memory_order_relaxed);
   transport::cm_hub::after_fork_child();
+  transport::cq_hub::after_fork_child();
   transport::contexts_after_fork_child();
   Registry* old = g_reg_ptr.load();
   Registry* fresh = new Registry();

@@ -11,8 +11,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "socket/fd_table.h"
@@ -20,6 +22,7 @@
 #include "socket/rendezvous.h"
 #include "socket/signals.h"
 #include "socket/stream.h"
+#include "transport/cq_hub.h"
 #include "util/clock.h"
 #include "util/owned_fds.h"
 #include "util/sys.h"
@@ -190,11 +193,17 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     auto& wait = ws.sleep_set;
     wait.assign(kfds.begin(), kfds.end());
     bool still = true;  // no stream changed since the scan
+    const int hub = transport::cq_hub::fd();
+    size_t hub_at = SIZE_MAX;  // once, not once per stream: every stream shares it
     for (nfds_t i = 0; i < n; i++) {
       if (!streams[i]) continue;
       pollfd w[3];
       int k = streams[i]->wait_fds(fds[i].events, w);
-      wait.insert(wait.end(), w, w + k);
+      for (int j = 0; j < k; j++) {
+        if (w[j].fd == hub && hub_at != SIZE_MAX) continue;
+        if (w[j].fd == hub) hub_at = wait.size();
+        wait.push_back(w[j]);
+      }
       still &= streams[i]->sleep_begin(seen[i]);
     }
     timespec buf, zero{};
@@ -202,6 +211,8 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     int err = errno;
     for (nfds_t i = 0; i < n; i++)
       if (streams[i]) streams[i]->sleep_end();
+    // Woken by the completion hub: its events go to their connections.
+    if (r > 0 && hub_at != SIZE_MAX && (wait[hub_at].revents & POLLIN)) transport::cq_hub::poll();
     if (r < 0) return Err(err);
     if (r == 0 && dl.expired()) return scan(true);
   }
@@ -294,7 +305,7 @@ struct Reg {
   // way (rendezvous, switch). Their epoll data is this Reg's address | kind:
   // a Reg outlives its shadow entries (drop() deletes them first), so a
   // harvested event always names a live Reg.
-  int wake_fd = -1, conn_fd = -1, tcp_fd = -1;
+  int wake_fd = -1, tcp_fd = -1;
   bool dirty = true;      // an internal fd fired, or new/modified: evaluate
   bool dirty_all = true;  // evaluate with every syscall (new, modified, refreshed)
   bool due_last = false;  // level-triggered and due at the last evaluation
@@ -303,9 +314,9 @@ struct Reg {
   uint64_t last_rx = ~0ull, last_tx = ~0ull;
   short last_ev = 0;
   uint32_t tcp_fired = 0;  // epoll events of the TCP watch since then
-  uint8_t fired = 0;       // kFiredWake / kFiredConn: which internal fds fired
+  uint8_t fired = 0;       // kFiredWake: the wake fd fired
 };
-constexpr uint8_t kFiredWake = 1, kFiredConn = 2;
+constexpr uint8_t kFiredWake = 1;
 
 using VisitList = bi::list<Reg, bi::member_hook<Reg, decltype(Reg::visit_hook), &Reg::visit_hook>,
                            bi::constant_time_size<false>>;
@@ -355,6 +366,8 @@ struct EpollSet {
   bool due_unsignalled = false;  // user events due, ready_fd not set (set_ready)
   std::atomic<int> sleepers{0};  // threads asleep in an emulated epoll_wait on it
   int internal_fds = 0;          // entries in the shadow instance
+  int hub_target = -1;           // where the completion hub's fd is (shadow or epfd)
+  int hub_fd = -1;               // ... and which fd it was (cq_hub::fd() can change)
   std::atomic<bool> watched{false};  // written under mu; read without it as a hint
 };
 
@@ -410,7 +423,9 @@ EpollSet* set_for(int epfd) {
 void monitor(void* arg);
 
 // Shadow entries carry (Reg address) | kind; the set's poke fd has no Reg.
-constexpr uint64_t kWake = 0, kConn = 1, kTcpWatch = 2, kPoke = 3, kKindMask = 3;
+// The completion hub (transport/cq_hub.h) has no Reg: whoever harvests it
+// polls the hub, which pokes the wake fds of the streams it has events for.
+constexpr uint64_t kWake = 0, kHub = 1, kTcpWatch = 2, kPoke = 3, kKindMask = 3;
 static_assert(alignof(Reg) > kKindMask);
 
 // Under set->mu: r goes on the ready list (if not there yet).
@@ -467,6 +482,29 @@ void add_internal(EpollSet* set, int epfd, int fd, Reg& r, uint32_t events = EPO
     set->internal_fds++;
 }
 
+// Under set->mu: the completion hub's fd goes where the internal fds go, once
+// per set (every registration's completions arrive there). Checked at every
+// collect: the hub's fd appears with the first connection's CQ (maybe after
+// the registration moved to user space) and changes with a second device.
+void ensure_hub(EpollSet* set, int epfd) {
+  int target = internal_target(set, epfd);
+  int hub = transport::cq_hub::fd();
+  if ((target == set->hub_target && hub == set->hub_fd) || hub < 0 || target < 0) return;
+  if (set->hub_target >= 0) {
+    sys::libc.epoll_ctl(set->hub_target, EPOLL_CTL_DEL, set->hub_fd, nullptr);
+    if (set->hub_target == set->shadow) set->internal_fds--;
+  }
+  set->hub_target = set->hub_fd = -1;
+  epoll_event ev{};
+  ev.events = EPOLLIN;  // level-triggered: readable until someone polls the hub
+  ev.data.u64 = target == set->shadow ? kHub : g_cookie;
+  if (sys::libc.epoll_ctl(target, EPOLL_CTL_ADD, hub, &ev) == 0) {
+    set->hub_target = target;
+    set->hub_fd = hub;
+    if (target == set->shadow) set->internal_fds++;
+  }
+}
+
 // Under set->mu: which registrations' internal fds fired since last time.
 // This is the set's ready list: collect() evaluates only those (plus the
 // level-triggered ones that were due, and any it cannot track), so a wait
@@ -479,16 +517,26 @@ void drain_shadow(EpollSet* set) {
   int budget = set->internal_fds;
   for (;;) {
     int k = sys::libc.epoll_wait(set->shadow, evs, 64, 0);
+    bool hub = false;
     for (int i = 0; i < k; i++) {
       uint64_t kind = evs[i].data.u64 & kKindMask;
       if (kind == kPoke) continue;  // a push: take_pushed() has it
+      if (kind == kHub) {
+        hub = true;
+        continue;
+      }
       Reg& r = *reinterpret_cast<Reg*>(evs[i].data.u64 & ~kKindMask);
       r.dirty = true;
       visit(set, r);
       if (kind == kTcpWatch) r.tcp_fired |= evs[i].events;
-      else r.fired |= kind == kWake ? kFiredWake : kFiredConn;
+      else r.fired |= kFiredWake;
     }
     budget -= k;
+    if (hub) {
+      // Its events poke wake fds (ours among them): harvest those too.
+      transport::cq_hub::poll();
+      continue;
+    }
     if (k < 64 || budget <= 0) break;
   }
 }
@@ -553,14 +601,14 @@ void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
     if (EpollWatch* w = st->epoll_watch()) epoll_watch_fired(w);
   r.wake_fd = st->wake_fd();
   add_internal(set, epfd, r.wake_fd, r);
+  ensure_hub(set, epfd);
 }
 
 // Under set->mu: the internal fds of a registration leave the shadow.
 void del_internals(EpollSet* set, int epfd, Reg& r) {
   del_internal(set, epfd, r.wake_fd);
-  del_internal(set, epfd, r.conn_fd);
   del_internal(set, epfd, r.tcp_fd);
-  r.wake_fd = r.conn_fd = r.tcp_fd = -1;
+  r.wake_fd = r.tcp_fd = -1;
 }
 
 // Under set->mu: back to the kernel (the upgrade fell back to TCP).
@@ -691,7 +739,11 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
             bool full = true, std::vector<uint64_t>* seen = nullptr) {
   int n = 0;
   bool still_due = false;  // user events a next call would report (ready_fd)
+  if (full && set->user_count > 0) ensure_hub(set, epfd);
   if (full) drain_shadow(set);
+  // Without a shadow the hub's fd sits in the kernel instance (ensure_hub):
+  // its events are read here, or every wait would return at once for them.
+  if (full && set->shadow < 0 && set->hub_target >= 0) transport::cq_hub::poll();
   take_pushed(set);
   Reg* resume = nullptr;  // where the next collect starts when maxevents cut this one
   for (auto it = set->visit.begin(); it != set->visit.end();) {
@@ -725,11 +777,6 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
       if (streams) streams->push_back(st);
       size_t my_seen = seen ? seen->size() : 0;
       if (seen) seen->push_back(kNoCheck);
-      if (int cfd = st->progress_fd(); cfd != r.conn_fd) {
-        del_internal(set, epfd, r.conn_fd);
-        r.conn_fd = cfd;
-        if (cfd >= 0) add_internal(set, epfd, cfd, r, EPOLLIN, kConn);
-      }
       // While data may arrive on TCP, its socket must wake the set too.
       bool on_rdma = st->on_rdma();
       int tfd = set->shadow >= 0 && !on_rdma ? st->tcp_fd() : -1;
@@ -753,12 +800,13 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
       }
       if (!r.disarmed && n < max && look) {
         // Only what fired costs syscalls: the wake eventfd is read if it
-        // fired, rdma_cm events and timers are processed if the connection's
-        // fd fired; otherwise the completion queue is polled (memory only).
+        // fired; otherwise the completion queue is polled (memory only; a
+        // CQ whose event the hub took is re-armed there, and a connection
+        // with rdma_cm events queued gets its full progress: Stream).
         bool deep = full;
         if (full && set->shadow >= 0 && on_rdma && !r.dirty_all) {
           if (r.fired & kFiredWake) st->consume_wake();
-          deep = r.fired & kFiredConn;
+          deep = false;
         } else if (full) {
           st->consume_wake();
         }
@@ -865,9 +913,9 @@ void check_before_sleep(EpollSet* set, int epfd) {
     short interest = to_poll(r.events);
     short ev = st->peek_events(interest);
     if (ev <= 0 || !(ev & short(interest | POLLHUP | POLLERR))) continue;
-    pollfd p[4];
+    pollfd p[3];
     nfds_t k = 0;
-    for (int fd : {r.wake_fd, r.conn_fd, r.tcp_fd, set->shadow})
+    for (int fd : {r.wake_fd, r.tcp_fd, set->shadow})
       if (fd >= 0) p[k++] = {fd, POLLIN, 0};
     if (sys::libc.poll(p, k, 0) > 0) continue;
     log::write_line(log::Level::kError,
@@ -1124,6 +1172,7 @@ void epoll_fd_closed(int fd) {
     set->internal_fds = 0;
     set->ready_set = false;
   }
+  set->hub_target = set->hub_fd = -1;  // (its entry went with the instance)
   if (set->watched) g_watched.fetch_sub(1, std::memory_order_relaxed);
   set->watched = false;
 }

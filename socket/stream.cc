@@ -41,6 +41,8 @@ constexpr size_t kMaxHeldBytes = 64 * 1024;
 // rdma_cm events reach a connection through the shared channel (cm_hub):
 // its waiters look again.
 void notify_stream(void* st) { static_cast<Stream*>(st)->wake(); }
+// A completion event (cq_hub): see Stream::completion_event.
+void notify_completion(void* st) { static_cast<Stream*>(st)->completion_event(); }
 
 // Upgrading again (below).
 // The client's attempts, each after the previous one failed (a path that
@@ -124,7 +126,7 @@ Stream::Scratch::Scratch(Stream& s) : s_(s) {
   if (s_.scratch_) buf_ = {s_.scratch_, kScratchSize};
 }
 
-int Stream::progress_fd() const { return conn_ ? conn_->fd() : -1; }
+
 
 void Stream::consume_wake() {
   uint64_t v;
@@ -186,7 +188,7 @@ void Stream::connect_locked(uint16_t rport) {
     return;
   }
   conn_ = std::move(*c);
-  conn_->set_notify(notify_stream, this);
+  conn_->set_notify(notify_stream, this, notify_completion);
   LOG_DEBUG("fd %d: rendezvous started %llu us after connect(), TCP bytes out/in %llu/%llu", tcp_fd_,
             us_since_start(), (unsigned long long)tcp_tx_,
             (unsigned long long)tcp_rx_);
@@ -198,7 +200,7 @@ void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64
   reup_waiting_.store(false, std::memory_order_release);
   version_ = version;
   conn_ = std::move(conn);
-  conn_->set_notify(notify_stream, this);
+  conn_->set_notify(notify_stream, this, notify_completion);
   peer_cookie_ = peer_cookie;
   LOG_DEBUG("fd %d: rendezvous request accepted %llu us after accept(), TCP bytes out/in %llu/%llu",
             tcp_fd_, us_since_start(), (unsigned long long)tcp_tx_,
@@ -749,6 +751,32 @@ void Stream::advance_inline(bool full) {
   }
 }
 
+// Under cm_hub::mu() (no blocking lock may be taken): a completion event of
+// our connection, read by whichever thread woke on the completion hub. Only
+// the waiters that need it are poked, as in advance_inline(): most of the
+// time the thread that read the event is the one that waits here, and it
+// looks at this stream next anyway (its generation moved).
+void Stream::completion_event() {
+  gen_.fetch_add(1, std::memory_order_seq_cst);
+  bool poked = false;
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    uint64_t one = 1;
+    (void)!sys::libc.write(wake_fd_, &one, sizeof one);
+    poked = true;
+  }
+  // A registration resting in an epoll set is not looked at until pushed.
+  // The push needs our lock (the registration may be going away); if
+  // someone holds it, the wake fd (in the set's shadow) does it instead.
+  if (epoll_watch_.load(std::memory_order_acquire) == nullptr) return;
+  if (mu_.try_lock()) {
+    if (EpollWatch* w = epoll_watch_.load(std::memory_order_acquire)) epoll_watch_fired(w);
+    mu_.unlock();
+  } else if (!poked) {
+    uint64_t one = 1;
+    (void)!sys::libc.write(wake_fd_, &one, sizeof one);
+  }
+}
+
 void Stream::set_epoll_watch(EpollWatch* w) {
   std::lock_guard lk(mu_);
   epoll_watch_.store(w, std::memory_order_release);
@@ -787,7 +815,10 @@ bool Stream::advance_locked(bool full) {
   int before_err = conn_->error();
   const Phase p0 = p;
   const auto before_sw = switch_state();
-  auto st = full || p != Phase::kRdma ? conn_->progress() : conn_->poll_completions();
+  // Events the hubs delivered need the full progress (a CQ to re-arm, rdma_cm
+  // events); otherwise, on RDMA, the completion queue alone (no syscall).
+  bool deep = full || p != Phase::kRdma || conn_->cm_pending() || conn_->cq_event_pending();
+  auto st = deep ? conn_->progress() : conn_->poll_completions();
   if (!st) {
     if (p == Phase::kPending && client_ && !redirected_ &&
         conn_->reject_reason() == transport::RejectReason::kRedirect && conn_->redirect_port()) {

@@ -210,10 +210,13 @@ class Stream {
   const sockaddr_storage& local() const { return local_; }
   uint64_t cookie() const { return my_cookie_; }
   uint64_t deadline_ns() const { return deadline_ns_; }
-  int progress_fd() const;  // what the progress thread watches (conn fd or -1)
+  // A connection is attached (the rendezvous has one). Under the
+  // registry's lock for pending server streams (progress.cc).
+  bool has_conn() const { return conn_ != nullptr; }
   int tcp_fd() const { return tcp_fd_; }
   stats::ConnSlot* slot() const { return slot_; }
   void wake();              // pokes waiters (wake_fd_)
+  void completion_event();  // cq_hub: pokes only the waiters that need it
   int wake_fd() const { return wake_fd_; }
   void consume_wake();      // clears wake_fd_ before readiness is recomputed
   // Bumped on every change waiters care about.

@@ -18,6 +18,7 @@
 #include "socket/process.h"
 #include "socket/signals.h"
 #include "socket/stream.h"
+#include "transport/cq_hub.h"
 #include "util/stats.h"
 #include "util/sys.h"
 
@@ -482,7 +483,8 @@ int Stream::wait_fds(short interest, pollfd* out) {
     tcp = false;
   }
   if (tcp) out[n++] = {tcp_fd_, short(interest | POLLRDHUP), 0};
-  if (conn_ && !rdma_dead_) out[n++] = {conn_->fd(), POLLIN, 0};
+  // Completions: the process's completion hub (last: wait() looks there).
+  if (conn_ && !rdma_dead_ && conn_->fd() >= 0) out[n++] = {conn_->fd(), POLLIN, 0};
   return n;
 }
 
@@ -515,6 +517,10 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals) {
   int err = 0;
   if (sleep_begin(seen)) err = restartable_poll(fds, nfds_t(n), timeout_ms, signals);
   sleep_end();
+  // Woken by the completion hub: the event is read by the next progress()
+  // (the caller looks at the CQ first, which needs no syscall), as it was
+  // with a channel per connection: reading it here put a syscall between
+  // the wakeup and the data (+20 us per round trip in the VM).
   return err;
 }
 

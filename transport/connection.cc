@@ -3,6 +3,7 @@
 #include "transport/connection.h"
 
 #include "transport/cm_hub.h"
+#include "transport/cq_hub.h"
 #include "transport/fds.h"
 
 #include <fcntl.h>
@@ -35,12 +36,6 @@ std::byte* map_bytes(size_t n) {
 
 size_t page_round(size_t n) { return (n + 4095) & ~size_t{4095}; }
 
-Status<void> set_nonblock(int fd) {
-  int fl = sys::libc.fcntl(fd, F_GETFL);
-  if (fl < 0 || sys::libc.fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) return Err(errno);
-  return Ok();
-}
-
 uint32_t round_ring(uint32_t want) {
   uint32_t lo = 1u << wire::kMinRingLog2, hi = 1u << wire::kMaxRingLog2;
   want = std::clamp(want, lo, hi);
@@ -63,11 +58,37 @@ Status<void> Connection::init_fds() {
   return Ok();
 }
 
-int Connection::fd() const { return comp_ch_ ? comp_ch_->fd : -1; }
+int Connection::fd() const { return cq_ != nullptr ? cq_hub::fd() : -1; }
 
-void Connection::set_notify(void (*fn)(void*), void* arg) {
+void Connection::deliver_cq_event() {
+  cq_event_.store(true, std::memory_order_release);
+  if (auto* fn = cq_notify_fn_ ? cq_notify_fn_ : notify_fn_) fn(notify_arg_);
+}
+
+void Connection::take_cq_event() {
+  // Armed with no event heard of: it may wait in the hub (a syscall). A
+  // sleeper woken by the hub has polled it already, so the common wakeup
+  // costs nothing here.
+  if (cq_armed_ && !cq_event_.load(std::memory_order_relaxed)) cq_hub::poll();
+  if (cq_event_.load(std::memory_order_relaxed) && cq_event_.exchange(false, std::memory_order_acquire)) {
+    cq_armed_ = false;
+    ++ctr_.cq_events;
+  }
+}
+
+void Connection::rearm_cq() {
+  if (cq_armed_ || state_ == State::kError) return;
+  ibv_req_notify_cq(cq_, 0);
+  cq_armed_ = true;
+  while (poll_cq()) {  // completions that slipped in before the arm
+  }
+  flush_pending();
+}
+
+void Connection::set_notify(void (*fn)(void*), void* arg, void (*cq_fn)(void*)) {
   std::lock_guard lk(cm_hub::mu());
   notify_fn_ = fn;
+  cq_notify_fn_ = cq_fn;
   notify_arg_ = arg;
 }
 
@@ -146,10 +167,10 @@ Status<void> Connection::create_resources() {
   if (ctx == nullptr) return Err(errno);
   pd_ = ibv_alloc_pd(ctx);
   if (pd_ == nullptr) return Err(errno ? errno : ENOMEM);
-  comp_ch_ = ibv_create_comp_channel(ctx);
+  // The context's one channel (cq_hub.h), not one of our own: no fd per
+  // connection.
+  comp_ch_ = cq_hub::channel(ctx);
   if (comp_ch_ == nullptr) return Err(errno ? errno : ENOMEM);
-  own_channel(comp_ch_);  // before ibv_create_cq hands its number to the kernel
-  if (auto s = set_nonblock(comp_ch_->fd); !s) return s;
   cq_ = ibv_create_cq(ctx, static_cast<int>(sq_depth_ + recv_slots_ + 1), this, comp_ch_, 0);
   if (cq_ == nullptr) return Err(errno ? errno : ENOMEM);
 
@@ -612,17 +633,9 @@ uint8_t Connection::port_num() const { return qp_ && id_ ? id_->port_num : 0; }
 
 Status<void> Connection::progress() {
   if (cq_ != nullptr) {
-    // The completion channel: take its event so fd() goes quiet; the CQ is
-    // re-armed below before anyone can sleep on it. One read, and only while
-    // armed (an unarmed CQ raises no event): an armed CQ raises one event (a
-    // second one, if any, leaves the fd readable and is taken next time).
-    ibv_cq* ecq;
-    void* ectx;
-    if (cq_armed_ && ibv_get_cq_event(comp_ch_, &ecq, &ectx) == 0) {
-      ibv_ack_cq_events(ecq, 1);
-      cq_armed_ = false;
-      ++ctr_.cq_events;
-    }
+    // The hub took the completion event (cq_hub.h): the CQ is re-armed below
+    // before anyone can sleep on it.
+    take_cq_event();
     while (poll_cq()) {
     }
   }
@@ -643,13 +656,7 @@ Status<void> Connection::progress() {
   }
   if (cq_ != nullptr) {
     flush_pending();
-    if (!cq_armed_ && state_ != State::kError) {
-      ibv_req_notify_cq(cq_, 0);
-      cq_armed_ = true;
-      while (poll_cq()) {  // completions that slipped in before the arm
-      }
-      flush_pending();
-    }
+    rearm_cq();
   }
   // Setup and close deadlines need the precise clock; the keepalive does not.
   check_timers(deadline_ns_ != 0 ? now_ns() : coarse_now_ns());
@@ -711,7 +718,7 @@ void Connection::check_timers(uint64_t now) {
 // reads the shared rdma_cm channel, that too.
 void Connection::wait_fds(pollfd* out, int* n) const {
   *n = 0;
-  if (comp_ch_ != nullptr) out[(*n)++] = {comp_ch_->fd, POLLIN, 0};
+  if (cq_ != nullptr && cq_hub::fd() >= 0) out[(*n)++] = {cq_hub::fd(), POLLIN, 0};
   if (!cm_hub::serviced() && cm_hub::fd() >= 0) out[(*n)++] = {cm_hub::fd(), POLLIN, 0};
 }
 
@@ -768,6 +775,7 @@ void Connection::destroy_resources() {
     qp_ = nullptr;
   }
   if (cq_) {
+    cq_hub::forget(cq_);  // no event is delivered to us after this
     ibv_destroy_cq(cq_);
     cq_ = nullptr;
   }
@@ -781,11 +789,7 @@ void Connection::destroy_resources() {
     ibv_dealloc_pd(pd_);
     pd_ = nullptr;
   }
-  if (comp_ch_) {
-    disown_channel(comp_ch_);
-    ibv_destroy_comp_channel(comp_ch_);
-    comp_ch_ = nullptr;
-  }
+  comp_ch_ = nullptr;  // the hub's
   if (id_) {
     cm_hub::forget(id_);  // no event is delivered to us after this
     guarded::rdma_destroy_id(id_);
@@ -811,12 +815,8 @@ Connection::~Connection() {
     }
   }
   disconnect();
-  // Unacknowledged CQ events would make ibv_destroy_cq wait forever.
-  if (comp_ch_) {
-    ibv_cq* ecq;
-    void* ectx;
-    while (ibv_get_cq_event(comp_ch_, &ecq, &ectx) == 0) ibv_ack_cq_events(ecq, 1);
-  }
+  // (The hub acknowledges every event it reads at once, so ibv_destroy_cq
+  // never waits on one; events still queued die with the CQ.)
   destroy_resources();
 }
 

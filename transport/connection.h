@@ -2,8 +2,9 @@
 //
 // Everything is nonblocking: calls return Err(EAGAIN) when they would block and
 // the caller waits for fd() to become readable or for its notify callback,
-// then calls progress(). fd() is the connection's CQ completion channel (-1
-// until the route is resolved): the only fd a connection has of its own.
+// then calls progress(). fd() is the completion channel its CQ shares with
+// every connection on the device (cq_hub.h; -1 until the route is resolved):
+// a connection has no fd of its own.
 // rdma_cm events arrive through the process's shared channel (cm_hub.h),
 // which queues them here and calls the notify callback. Deadlines and
 // keepalives are checked by progress(), which the owner calls often enough
@@ -93,14 +94,26 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // The completion channel's fd, -1 while there is none (still resolving).
+  // What to sleep on for completions: the completion hub's fd, shared by
+  // every connection of the process (cq_hub.h; whoever wakes on it calls
+  // cq_hub::poll() or progress()); -1 while there is no CQ yet.
   int fd() const;
   // Called (from any thread, under cm_hub::mu(): it must not block or take
   // locks) when an rdma_cm event was queued for this connection.
   // An event queued before this call is handled by the next progress().
-  void set_notify(void (*fn)(void*), void* arg);
+  // `cq_fn`, if given, is called instead for completion events (cq_hub), the
+  // frequent ones.
+  void set_notify(void (*fn)(void*), void* arg, void (*cq_fn)(void*) = nullptr);
   // cm_hub only, under cm_hub::mu().
   void deliver_cm_event(const rdma_cm_event& ev);
+  // cq_hub only, under cm_hub::mu(): our CQ raised its (armed) event.
+  void deliver_cq_event();
+  // rdma_cm events wait for the next progress() (not poll_completions()).
+  bool cm_pending() const { return cm_pending_.load(std::memory_order_acquire); }
+  // The hub read our CQ's event: the CQ is disarmed until the next
+  // progress() re-arms it, which whoever sleeps on this connection next
+  // needs (the event no longer keeps the hub's fd readable).
+  bool cq_event_pending() const { return cq_event_.load(std::memory_order_acquire); }
   // Handles cm events, completions, deadlines and keepalives. Returns the
   // connection's error once it has one (ECONNREFUSED, ETIMEDOUT, ECONNRESET..).
   Status<void> progress();
@@ -255,6 +268,8 @@ class Connection {
   void check_timers(uint64_t now);
   // connection_datapath.cc: hot path
   bool poll_cq();                 // true if any completion was handled
+  void take_cq_event();           // the hub's mark: our CQ is disarmed
+  void rearm_cq();                // arms an unarmed CQ, then polls what slipped in
   bool handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_t byte_len);
   bool post_recv(uint32_t slot);
   bool post_credit();
@@ -296,7 +311,7 @@ class Connection {
   // verbs/cm objects, all owned; destroy_resources() releases each once.
   rdma_cm_id* id_ = nullptr;  // on cm_hub::channel(), context = this
   ibv_pd* pd_ = nullptr;
-  ibv_comp_channel* comp_ch_ = nullptr;
+  ibv_comp_channel* comp_ch_ = nullptr;  // cq_hub's, shared: not ours to destroy
   ibv_cq* cq_ = nullptr;
   // Created with ibv_create_qp on our own context (transport/fds.h), not
   // with rdma_create_qp: rdma_cm only carries its number, and qp_to() moves
@@ -304,6 +319,7 @@ class Connection {
   ibv_qp* qp_ = nullptr;
   bool disconnect_sent_ = false;
   bool cq_armed_ = false;
+  std::atomic<bool> cq_event_{false};  // set by cq_hub: the arm fired
   ibv_mr* rx_mr_ = nullptr;    // receive ring: the only REMOTE_WRITE memory
   ibv_mr* tx_mr_ = nullptr;    // send ring + control send buffers (local)
   ibv_mr* rbuf_mr_ = nullptr;  // receive WR buffers (local write)
@@ -372,6 +388,7 @@ class Connection {
   bool cm_overflow_ = false;
   std::atomic<bool> cm_pending_{false};
   void (*notify_fn_)(void*) = nullptr;
+  void (*cq_notify_fn_)(void*) = nullptr;
   void* notify_arg_ = nullptr;
 };
 

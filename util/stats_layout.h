@@ -63,7 +63,7 @@ enum class FallbackReason : uint8_t {
   kPathFailed = 16,     // its RDMA path failed (QP error, retries exceeded, device gone)
   kHandedOff = 17,      // fork() or fd passing: another process may use it next
   kReleased = 18,       // asked to (RSOCK_REVERT), or to give its resources back
-  kFdLimit = 19,        // librsock's half of RLIMIT_NOFILE is used up (3 fds per connection)
+  kFdLimit = 19,        // librsock's half of RLIMIT_NOFILE is used up (2 fds per connection)
   kIoUring = 20,        // the process set up io_uring, whose I/O bypasses the hooks
   kLossyPath = 21,      // its RDMA port lost packets at a rate where RC does far worse
                         // than TCP (transport/path_quality.h): back to TCP, the peer

@@ -9,7 +9,7 @@
 #     accepting side, the reasons that follows from it), nothing enters the
 #     negative cache, and the process prints exactly one warning line.
 #  3. fds: RLIMIT_NOFILE 1024 (the default soft limit), memlock ample, 200
-#     connections (400 sockets): librsock keeps to half the fd limit (3 fds
+#     connections (400 sockets): librsock keeps to half the fd limit (2 fds
 #     per upgraded socket), so no EMFILE, every byte correct, the sockets
 #     beyond stay on TCP with reason fd_limit, one warning line.
 set -uo pipefail
@@ -66,6 +66,8 @@ check "fds: 200 connections under ulimit -n 1024: exit 0 and every byte echoed" 
 check "fds: no EMFILE" $(! grep -qi 'too many open files\|EMFILE' "$T/c"; echo $?)
 check "fds: exactly one warning line (got $warn)" $([ "$warn" = 1 ]; echo $?)
 check "fds: fallbacks say fd_limit ($fb)" $(grep -q 'fd_limit=[1-9]' <<<"$fb"; echo $?)
-check "fds: at least 150 sockets on RDMA (got ${rdma:-0})" $([ "${rdma:-0}" -ge 150 ]; echo $?)
+# (2 fds per upgraded socket in the upper half of 1024: about 250 fit, where
+# 3 fds, before the shared completion channel, gave at most 170.)
+check "fds: at least 230 sockets on RDMA (got ${rdma:-0})" $([ "${rdma:-0}" -ge 230 ]; echo $?)
 echo "memlock: $((12 - fail)) passed, $fail failed"
 [ $fail = 0 ]

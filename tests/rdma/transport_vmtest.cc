@@ -2,6 +2,8 @@
 //   rsock_transport_vmtest <case>
 // Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side keepalive stall noport reject foreign_rkey hostile ring_move
 // Exit 77 with "SKIP: no RDMA device" when the host has no verbs device.
+#include <dirent.h>
+
 #include <algorithm>
 #include <rdma/rdma_cma.h>
 
@@ -242,6 +244,22 @@ int halfclose_case() {
 }
 
 // ---------------------------------------------------------------- many
+// The process's open fds (/proc/self/fd, less the directory's own).
+int count_fds() {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int n = 0;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n - 3;  // ".", ".." and the directory itself
+}
+
+// A connection has no fd of its own: rdma_cm events of every connection come
+// through one channel (cm_hub.h), completions through one channel per device
+// context (cq_hub.h). However many connections, the process's fds grow by a
+// constant (first use: the channels, the device context's fds).
+constexpr int kMaxSharedFds = 8;
+
 int many_case() {
   Tunables tun = test_tunables();
   tun.ring_bytes = 16 * 1024;
@@ -256,6 +274,7 @@ int many_case() {
     std::vector<std::unique_ptr<rt::Connection>> conns;
     std::vector<size_t> echoed;
     uint64_t t0 = rsock::now_ns();
+    const int fds0 = count_fds();
     int done = 0;
     while (done < kConns) {
       CHECK(secs_since(t0) < 400, "only %d of %d connections served", done, kConns);
@@ -288,6 +307,9 @@ int many_case() {
     int n = count_rc_qps(getpid());
     log_line("many: %d RC QPs of this server in rdma resource show qp", n);
     CHECK(n == kConns, "expected %d RC QPs, rdma tool shows %d", kConns, n);
+    int grown = count_fds() - fds0;
+    log_line("many: the server's fds grew by %d for %d connections", grown, kConns);
+    CHECK(grown <= kMaxSharedFds, "server: %d more fds for %d connections", grown, kConns);
     for (auto& c : conns) {
       char x;
       CHECK(!recv_all(*c, &x, 1), "expected EOF");
@@ -298,6 +320,7 @@ int many_case() {
     std::vector<std::unique_ptr<rt::Connection>> conns;
     sockaddr_in a = server_addr(port);
     uint64_t t0 = rsock::now_ns();
+    const int fds0 = count_fds();
     for (int i = 0; i < kConns; ++i) {  // all setups in flight at once
       auto c = rt::Connection::connect(reinterpret_cast<sockaddr*>(&a), nullptr, {}, tun);
       CHECK(c.ok(), "connect #%d: %s", i, std::strerror(c.error()));
@@ -315,6 +338,9 @@ int many_case() {
       usleep(2000);
     }
     log_line("many: %d connections established in %.2f s", kConns, secs_since(t0));
+    int grown = count_fds() - fds0;
+    log_line("many: the client's fds grew by %d for %d connections", grown, kConns);
+    CHECK(grown <= kMaxSharedFds, "client: %d more fds for %d connections", grown, kConns);
     for (int i = 0; i < kConns; ++i) {
       char buf[kMsg];
       std::memset(buf, i & 0xff, kMsg);

@@ -1,0 +1,50 @@
+// One completion channel per device context for every Connection of the
+// process.
+//
+// A channel per connection cost one fd each (issue 11: the fds of upgraded
+// sockets count against the program's RLIMIT_NOFILE). Every CQ of a device
+// context raises its events on that context's one channel; the channels sit
+// behind one fd, the hub's fd(). Whoever polls the hub
+// reads every pending event, marks its Connection (the CQ's cq_context) and
+// calls the Connection's notify callback, so that a waiter looks again; the
+// Connection re-arms its CQ in its next progress or completion poll.
+//
+// Who polls: whoever sleeps on a connection includes fd() in its sleep
+// (Connection::fd(); the socket layer's blocking waits, poll/select
+// emulation and every epoll set's shadow instance), and whoever wakes on it
+// polls the hub; Connection::progress() polls it too. So a completion wakes
+// the application thread that sleeps on it directly, as a channel per
+// connection did, with no thread hop (measured in the VM: a hop through the
+// progress thread made a 64 B round trip 8x longer). The cost: every thread
+// asleep on some upgraded socket of the process wakes on every event (a
+// thread-per-connection server with many idle threads wakes them all).
+// Locking: mu() is a leaf lock, like cm_hub's. It covers the channel reads
+// and acks and the CQs' cq_context pointers: a Connection forgets its CQ
+// under it before destroying the CQ, so no event is delivered to it after.
+#pragma once
+
+#include <mutex>
+
+struct ibv_context;
+struct ibv_comp_channel;
+struct ibv_cq;
+
+namespace rsock::transport::cq_hub {
+
+// The channel of `ctx` (created on first use, nonblocking, fd in the owned
+// band, added to the hub's epoll); nullptr with errno set on failure.
+ibv_comp_channel* channel(ibv_context* ctx);
+// What to sleep on: the only channel's fd, or, once there are several, an
+// epoll instance holding them all; -1 before the first channel. It changes
+// when a second device context gets its channel: read it at every sleep.
+int fd();
+// Reads one pending completion event per channel (more leave fd() readable)
+// and delivers it. Any thread; never blocks.
+void poll();
+// Under mu(): events of `cq` are acknowledged and dropped from now on.
+void forget(ibv_cq* cq);
+// In a fork child: the channels are the parent's (their CQs are the
+// parent's); forget them unread. The next channel() opens new ones.
+void after_fork_child();
+
+}  // namespace rsock::transport::cq_hub
