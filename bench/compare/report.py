@@ -42,6 +42,7 @@ WORKLOADS = (
        ("bstream", "blocking stream 64 KiB writes", "bw", "cb"),
        ("redis_set", "redis-benchmark SET -c 10", "rps", "redis"),
        ("redis_get", "redis-benchmark GET -c 10", "rps", "redis"),
+       ("mc_set", "memcached set, memcslap 10 threads", "rps", "memcached"),
        ("connect", "connect() to first echoed byte", "conn", "cb"),
        # diagnostics for connection setup (median only, no check): the
        # connect() call alone, and librsock with default = tcp on both ends
@@ -377,6 +378,11 @@ Workloads (server on 10.77.0.1 in the guest):
 - **iperf3** `iperf3 -c -t S -O 1` (first second omitted): receiver bytes/s.
 - **redis-benchmark** `-t set,get -c 10 -n N` against `redis-server --save ''
   --appendonly no`.
+- **memcached** (2 worker threads, each with its own epoll loop):
+  `memcslap --concurrency=10 --execute-number=M --test=set`, keys / the time
+  memcslap reports (no get row: memcslap loads the keys for it through one
+  more connection, which closes before its upgrade, so the run cannot be
+  shown to be 90 % RDMA).
 - **pass-through** (native, no RDMA device): `bench/passthrough/run`,
   redis-benchmark plain vs preloaded, alternating runs.
 - **diagnostic** rows (median only, no target): the `connect()` call alone,
@@ -384,9 +390,10 @@ Workloads (server on 10.77.0.1 in the guest):
   (hooks only, no upgrade started).
 
 Sizes: full run S = 2 s, ping-pong 64 B / 1 KiB / 16 KiB, `ib_send_lat -n
-2000`, 150 connections (+5 warm-up), `redis-benchmark -n 6000`, `iperf3 -t
-3`, pass-through `-n 20000 --runs 3`; `--quick`: S = 1 s, 64 B only, 20
-connections, `-n 1000`, `iperf3 -t 2`, pass-through `-n 2000 --runs 1`.
+2000`, 150 connections (+5 warm-up), `redis-benchmark -n 6000`, memcslap
+M = 400 (4000 keys), `iperf3 -t 3`, pass-through `-n 20000 --runs 3`;
+`--quick`: S = 1 s, 64 B only, 20 connections, `-n 1000`, M = 200, `iperf3
+-t 2`, pass-through `-n 2000 --runs 1`.
 
 Columns: each figure is the median over the rounds (latency cells: median /
 p99 / average of the per-round values). Ratios are librsock divided by the
