@@ -737,43 +737,36 @@ bool Stream::advance(bool block) {
 }
 
 void Stream::advance_inline(bool full) {
-  if (advance_locked(full)) {
-    // seq_cst pairs with sleep_begin(): either this sees the sleeper and
-    // pokes it, or the sleeper sees the new generation and does not sleep.
-    gen_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-      uint64_t one = 1;
-      (void)!sys::libc.write(wake_fd_, &one, sizeof one);
-    }
-    // A registration resting in an epoll set learns of it through its set's
-    // ready list (it has no sleeper here: see epoll_watch_fired).
-    if (EpollWatch* w = epoll_watch_.load(std::memory_order_acquire)) epoll_watch_fired(w);
-  }
+  if (advance_locked(full)) announce_locked();
 }
 
-// Under cm_hub::mu() (no blocking lock may be taken): a completion event of
-// our connection, read by whichever thread woke on the completion hub. Only
-// the waiters that need it are poked, as in advance_inline(): most of the
-// time the thread that read the event is the one that waits here, and it
-// looks at this stream next anyway (its generation moved).
-void Stream::completion_event() {
+// Under mu_: a change in passing (no wake() for it): only the waiters that
+// need it are poked.
+void Stream::announce_locked() {
+  // seq_cst pairs with sleep_begin(): either this sees the sleeper and
+  // pokes it, or the sleeper sees the new generation and does not sleep.
   gen_.fetch_add(1, std::memory_order_seq_cst);
-  bool poked = false;
   if (sleepers_.load(std::memory_order_seq_cst) > 0) {
     uint64_t one = 1;
     (void)!sys::libc.write(wake_fd_, &one, sizeof one);
-    poked = true;
   }
-  // A registration resting in an epoll set is not looked at until pushed.
-  // The push needs our lock (the registration may be going away); if
-  // someone holds it, the wake fd (in the set's shadow) does it instead.
-  if (epoll_watch_.load(std::memory_order_acquire) == nullptr) return;
+  // A registration resting in an epoll set learns of it through its set's
+  // ready list (it has no sleeper here: see epoll_watch_fired).
+  if (EpollWatch* w = epoll_watch_.load(std::memory_order_acquire)) epoll_watch_fired(w);
+}
+
+// Under cm_hub::mu(), which allows no blocking lock: a completion event of
+// our connection, read by whichever thread woke on the completion hub. Most
+// of the time that thread is the one waiting here, and it looks at this
+// stream next anyway, so only the waiters that need it are poked; the push
+// of a resting registration needs our lock (the registration may be going
+// away), and if someone holds it, wake() reaches every waiter instead.
+void Stream::completion_event() {
   if (mu_.try_lock()) {
-    if (EpollWatch* w = epoll_watch_.load(std::memory_order_acquire)) epoll_watch_fired(w);
+    announce_locked();
     mu_.unlock();
-  } else if (!poked) {
-    uint64_t one = 1;
-    (void)!sys::libc.write(wake_fd_, &one, sizeof one);
+  } else {
+    wake();
   }
 }
 

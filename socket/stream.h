@@ -256,7 +256,8 @@ class Stream {
   // `full`: also rdma_cm events, timers and CQ re-arming (a syscall or
   // more); the data path's attempts only poll completions (no syscall).
   bool advance_locked(bool full = true);
-  void advance_inline(bool full);  // advance_locked() + wake sleepers if needed
+  void advance_inline(bool full);  // advance_locked() + announce_locked() on a change
+  void announce_locked();          // new generation; pokes sleepers, pushes a resting registration
   void connect_locked(uint16_t rport);
   void enter_switching();
   bool caches_failure(stats::FallbackReason reason, bool cache) const;

@@ -718,7 +718,7 @@ void Connection::check_timers(uint64_t now) {
 // reads the shared rdma_cm channel, that too.
 void Connection::wait_fds(pollfd* out, int* n) const {
   *n = 0;
-  if (cq_ != nullptr && cq_hub::fd() >= 0) out[(*n)++] = {cq_hub::fd(), POLLIN, 0};
+  if (int f = fd(); f >= 0) out[(*n)++] = {f, POLLIN, 0};
   if (!cm_hub::serviced() && cm_hub::fd() >= 0) out[(*n)++] = {cm_hub::fd(), POLLIN, 0};
 }
 
