@@ -74,6 +74,7 @@ RSOCK_HOOK int close(int fd) noexcept {
   // Forget first: once the kernel frees the number, another thread's socket()
   // may reuse it and install its own entry, which we must not then erase.
   if (auto* t = rsock::socket::FdTable::get_if_exists()) {
+    rsock::socket::fd_closing(fd);  // a connection's stream keeps the socket open
     t->remove(fd);
     rsock::socket::epoll_fd_closed(fd);  // if it was an epoll instance
   }
@@ -85,6 +86,7 @@ RSOCK_HOOK int close_range(unsigned lo, unsigned hi, int flags) noexcept {
   if (rsock::socket::FdTable::get_if_exists() && rsock::socket::in_vfork_child())
     return h.pass(real().close_range(lo, hi, flags));
   int r = 0;
+  if (!(flags & CLOSE_RANGE_CLOEXEC) && lo <= hi) rsock::socket::fds_closing(lo, hi);
   if (h.outermost() && rsock::sys::owned_fd_count() > 0 && lo <= hi) {
     // Around librsock's own fds (see close()): the ranges between them.
     unsigned from = lo;
@@ -112,11 +114,13 @@ RSOCK_HOOK int dup(int fd) noexcept {
 RSOCK_HOOK int dup2(int fd, int nfd) noexcept {
   HookScope h;
   if (fd == nfd) return h.pass(real().dup2(fd, nfd));  // no-op apart from EBADF
+  rsock::socket::fd_closing(nfd);  // the kernel closes what nfd named
   return rsock::preload::after_dup(h, fd, real().dup2(fd, nfd));
 }
 
 RSOCK_HOOK int dup3(int fd, int nfd, int flags) noexcept {
   HookScope h;
+  if (fd != nfd) rsock::socket::fd_closing(nfd);  // (dup3 fails EINVAL when equal)
   return rsock::preload::after_dup(h, fd, real().dup3(fd, nfd, flags));
 }
 

@@ -90,6 +90,14 @@ SocketRef FdTable::remove(int fd) {
   return SocketRef(old);
 }
 
+int FdTable::next_tracked(unsigned lo, unsigned hi) const {
+  if (lo >= capacity_ || lo > hi) return -1;
+  size_t end = hi < capacity_ ? static_cast<size_t>(hi) + 1 : capacity_;
+  for (size_t fd = lo; fd < end; fd++)
+    if (slots_[fd].load(std::memory_order_relaxed)) return static_cast<int>(fd);
+  return -1;
+}
+
 void FdTable::remove_range(unsigned lo, unsigned hi) {
   if (lo >= capacity_) return;
   size_t end = hi < capacity_ ? static_cast<size_t>(hi) + 1 : capacity_;

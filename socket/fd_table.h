@@ -66,6 +66,8 @@ class FdTable {
   SocketRef remove(int fd);
   // Every fd in [lo, hi] (inclusive, clamped) is forgotten.
   void remove_range(unsigned lo, unsigned hi);
+  // The lowest tracked fd in [lo, hi] (clamped), or -1.
+  int next_tracked(unsigned lo, unsigned hi) const;
 
   size_t capacity() const { return capacity_; }
 

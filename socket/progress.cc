@@ -30,6 +30,7 @@
 #include "socket/process.h"
 #include "socket/rendezvous.h"
 #include "socket/stream.h"
+#include "socket/tcp_hub.h"
 #include "transport/cm_hub.h"
 #include "transport/cq_hub.h"
 #include "transport/fds.h"
@@ -54,9 +55,9 @@ constexpr uint64_t kOwnerTag = uint64_t{1} << 42;  // kOwnerTag | pidfd of a lis
 // this (the winner names itself in the share right after its bind), doubling
 // up to kTakeOverGapMaxNs while the port stays taken by someone else.
 constexpr uint64_t kTakeOverGapNs = 20'000'000, kTakeOverGapMaxNs = 1'000'000'000;
-// An upgraded connection keeps this many fds (the TCP reference, the wake
-// eventfd).
-constexpr int kFdsPerStream = 2;
+// An upgraded connection keeps this many fds: its wake eventfd (the TCP
+// socket is the application's own fd until the application closes it).
+constexpr int kFdsPerStream = 1;
 
 // How often the thread looks at an upgraded stream: often enough for its
 // keepalive (sent after keepalive_ms without traffic).
@@ -763,7 +764,7 @@ bool fd_room(Socket* s) {
   static std::atomic<bool> warned{false};
   if (!warned.exchange(true))
     log::write_line(log::Level::kWarn,
-                    "half of the fd limit (RLIMIT_NOFILE) is in use by librsock (2 fds per "
+                    "half of the fd limit (RLIMIT_NOFILE) is in use by librsock (1 fd per "
                     "upgraded connection): new connections stay on TCP. Raise it with "
                     "`ulimit -n` (or LimitNOFILE= for a systemd service)");
   s->note_fallback(stats::FallbackReason::kFdLimit);
@@ -772,14 +773,11 @@ bool fd_room(Socket* s) {
 
 Stream* new_stream(Socket* s, int fd, bool client, const sockaddr_storage& local,
                    const sockaddr_storage& peer) {
-  // Our own reference to the kernel socket, out of the program's fd range.
-  int dupfd = sys::dup_owned(fd);
-  if (dupfd < 0) return nullptr;
-  auto* st = new (std::nothrow) Stream(dupfd, client, local, peer, s->slot());
-  if (!st) {
-    sys::close_owned(dupfd);
-    return nullptr;
-  }
+  // The stream uses the application's fd until the application closes it
+  // (fd_closing): a dup of our own per connection would cost the program one
+  // fd of its RLIMIT_NOFILE each.
+  auto* st = new (std::nothrow) Stream(fd, client, local, peer, s->slot());
+  if (!st) return nullptr;
   std::lock_guard lk(g_mu);
   if (!ensure_thread()) {
     delete st;
@@ -1049,6 +1047,35 @@ void listener_in_use(int fd) {
   }
 }
 
+void fd_closing(int fd) {
+  if (!streams_exist()) return;
+  SocketRef s = lookup(fd);
+  Stream* st = s ? s->stream() : nullptr;
+  if (!st || !st->uses_app_fd(fd)) return;
+  // A vfork child shares our memory but not our fd table: its dup2s (before
+  // an exec) are its own business.
+  if (in_vfork_child()) return;
+  // The registry's lock first (the idle-TCP watch is the progress thread's,
+  // keyed by the number), then the stream's (retire_fd).
+  std::lock_guard lk(g_mu);
+  if (!st->uses_app_fd(fd)) return;  // another thread's close got here first
+  if (!st->retire_fd(fd)) return;
+  // (fd still names the socket: the application's close comes after this.)
+  bool watched = st->tcp_watched, armed = st->tcp_watch_armed;
+  if (watched) sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, fd, nullptr);
+  st->tcp_watched = st->tcp_watch_armed = false;
+  // (A disarmed watch is armed again by the loop once the stream is on RDMA.)
+  if (watched && armed) watch_idle_tcp(st, EPOLL_CTL_ADD);
+}
+
+void fds_closing(unsigned lo, unsigned hi) {
+  FdTable* t = FdTable::get_if_exists();
+  if (!t || !streams_exist()) return;
+  for (int fd = t->next_tracked(lo, hi); fd >= 0;
+       fd = unsigned(fd) < hi ? t->next_tracked(unsigned(fd) + 1, hi) : -1)
+    fd_closing(fd);
+}
+
 void socket_released(Socket* s) {
   Stream* st = s->stream();
   std::lock_guard lk(g_mu);
@@ -1278,6 +1305,7 @@ void progress_after_fork_child() {
   g_unwatched_inherited.store(0, std::memory_order_relaxed);
   transport::cm_hub::after_fork_child();
   transport::cq_hub::after_fork_child();
+  tcp_hub::after_fork_child();
   transport::contexts_after_fork_child();
   Registry* old = g_reg_ptr.load();
   Registry* fresh = new Registry();

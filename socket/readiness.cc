@@ -22,6 +22,7 @@
 #include "socket/rendezvous.h"
 #include "socket/signals.h"
 #include "socket/stream.h"
+#include "socket/tcp_hub.h"
 #include "transport/cq_hub.h"
 #include "util/clock.h"
 #include "util/owned_fds.h"
@@ -300,12 +301,12 @@ struct Reg {
   // loops (redis's ae, libevent) delete and re-add a socket per request, and
   // a re-ADD of the same socket revives it without a syscall.
   bool parked = false;
-  // Internal fds, in the shadow instance (edge-triggered): the stream's wake
-  // and connection fds, and its TCP socket while data may still come that
-  // way (rendezvous, switch). Their epoll data is this Reg's address | kind:
-  // a Reg outlives its shadow entries (drop() deletes them first), so a
-  // harvested event always names a live Reg.
-  int wake_fd = -1, tcp_fd = -1;
+  // Internal fd, in the shadow instance (edge-triggered): the stream's wake
+  // fd. Its epoll data is this Reg's address | kind: a Reg outlives its
+  // shadow entry (drop() deletes it first), so a harvested event always
+  // names a live Reg. (The stream's TCP socket, while data may still come
+  // that way, is in the tcp_hub, whose fd the shadow holds once.)
+  int wake_fd = -1;
   bool dirty = true;      // an internal fd fired, or new/modified: evaluate
   bool dirty_all = true;  // evaluate with every syscall (new, modified, refreshed)
   bool due_last = false;  // level-triggered and due at the last evaluation
@@ -313,7 +314,6 @@ struct Reg {
   // Edge-triggered bookkeeping: what the last evaluation saw.
   uint64_t last_rx = ~0ull, last_tx = ~0ull;
   short last_ev = 0;
-  uint32_t tcp_fired = 0;  // epoll events of the TCP watch since then
   uint8_t fired = 0;       // kFiredWake: the wake fd fired
 };
 constexpr uint8_t kFiredWake = 1;
@@ -368,6 +368,7 @@ struct EpollSet {
   int internal_fds = 0;          // entries in the shadow instance
   int hub_target = -1;           // where the completion hub's fd is (shadow or epfd)
   int hub_fd = -1;               // ... and which fd it was (cq_hub::fd() can change)
+  int tcp_hub_fd = -1;           // the tcp_hub's fd in the shadow (kTcpHub), or -1
   std::atomic<bool> watched{false};  // written under mu; read without it as a hint
 };
 
@@ -425,7 +426,8 @@ void monitor(void* arg);
 // Shadow entries carry (Reg address) | kind; the set's poke fd has no Reg.
 // The completion hub (transport/cq_hub.h) has no Reg: whoever harvests it
 // polls the hub, which pokes the wake fds of the streams it has events for.
-constexpr uint64_t kWake = 0, kHub = 1, kTcpWatch = 2, kPoke = 3, kKindMask = 3;
+// Nor has the tcp_hub (socket/tcp_hub.h): its events poke wake fds too.
+constexpr uint64_t kWake = 0, kHub = 1, kTcpHub = 2, kPoke = 3, kKindMask = 3;
 static_assert(alignof(Reg) > kKindMask);
 
 // Under set->mu: r goes on the ready list (if not there yet).
@@ -505,6 +507,27 @@ void ensure_hub(EpollSet* set, int epfd) {
   }
 }
 
+// Under set->mu: the tcp_hub's fd goes into the shadow, once per set, as
+// soon as one of its registrations is on a stream whose data may come over
+// TCP (the stream's entry is added with it: Stream::watch_tcp). Level-
+// triggered, like the completion hub's. Without a shadow the set evaluates
+// those registrations at every wait anyway.
+void ensure_tcp_hub(EpollSet* set) {
+  int hub = tcp_hub::fd();
+  if (set->shadow < 0 || hub < 0 || hub == set->tcp_hub_fd) return;
+  if (set->tcp_hub_fd >= 0 &&
+      sys::libc.epoll_ctl(set->shadow, EPOLL_CTL_DEL, set->tcp_hub_fd, nullptr) == 0)
+    set->internal_fds--;
+  set->tcp_hub_fd = -1;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kTcpHub;
+  if (sys::libc.epoll_ctl(set->shadow, EPOLL_CTL_ADD, hub, &ev) == 0) {
+    set->tcp_hub_fd = hub;
+    set->internal_fds++;
+  }
+}
+
 // Under set->mu: which registrations' internal fds fired since last time.
 // This is the set's ready list: collect() evaluates only those (plus the
 // level-triggered ones that were due, and any it cannot track), so a wait
@@ -515,9 +538,10 @@ void drain_shadow(EpollSet* set) {
   if (set->shadow < 0) return;
   epoll_event evs[64];
   int budget = set->internal_fds;
+  int hub_rounds = 0;
   for (;;) {
     int k = sys::libc.epoll_wait(set->shadow, evs, 64, 0);
-    bool hub = false;
+    bool hub = false, tcp = false;
     for (int i = 0; i < k; i++) {
       uint64_t kind = evs[i].data.u64 & kKindMask;
       if (kind == kPoke) continue;  // a push: take_pushed() has it
@@ -525,16 +549,22 @@ void drain_shadow(EpollSet* set) {
         hub = true;
         continue;
       }
+      if (kind == kTcpHub) {
+        tcp = true;
+        continue;
+      }
       Reg& r = *reinterpret_cast<Reg*>(evs[i].data.u64 & ~kKindMask);
       r.dirty = true;
       visit(set, r);
-      if (kind == kTcpWatch) r.tcp_fired |= evs[i].events;
-      else r.fired |= kFiredWake;
+      r.fired |= kFiredWake;
     }
     budget -= k;
-    if (hub) {
-      // Its events poke wake fds (ours among them): harvest those too.
-      transport::cq_hub::poll();
+    // A hub's events poke wake fds (ours among them): harvest those too. (A
+    // few rounds at most: what keeps coming meanwhile leaves a hub readable
+    // for the next call.)
+    if ((hub || tcp) && hub_rounds++ < 4) {
+      if (hub) transport::cq_hub::poll();
+      if (tcp) tcp_hub::poll();
       continue;
     }
     if (k < 64 || budget <= 0) break;
@@ -607,8 +637,7 @@ void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
 // Under set->mu: the internal fds of a registration leave the shadow.
 void del_internals(EpollSet* set, int epfd, Reg& r) {
   del_internal(set, epfd, r.wake_fd);
-  del_internal(set, epfd, r.tcp_fd);
-  r.wake_fd = r.tcp_fd = -1;
+  r.wake_fd = -1;
 }
 
 // Under set->mu: back to the kernel (the upgrade fell back to TCP).
@@ -671,7 +700,7 @@ constexpr int kMaxParked = 16;  // per set; beyond that a DEL really deletes
 
 // Under set->mu: a new mask (MOD, or ADD of a parked registration): the next
 // collect() evaluates it afresh, as the kernel re-checks on EPOLL_CTL_MOD.
-void rearm(EpollSet* set, int epfd, Reg& r, const epoll_event& ev) {
+void rearm(EpollSet* set, Reg& r, const epoll_event& ev) {
   r.events = ev.events;
   r.data = ev.data;
   r.disarmed = false;
@@ -679,10 +708,6 @@ void rearm(EpollSet* set, int epfd, Reg& r, const epoll_event& ev) {
   r.last_ev = 0;
   r.dirty = r.dirty_all = true;
   visit(set, r);
-  if (r.tcp_fd >= 0) {  // the edge-triggered TCP watch follows the mask's EPOLLOUT
-    del_internal(set, epfd, r.tcp_fd);
-    r.tcp_fd = -1;
-  }
   // Only a thread asleep in the set, or an outer poller, must re-check now.
   if (set->sleepers > 0 || set->watched) {
     uint64_t one = 1;
@@ -726,7 +751,7 @@ bool may_rest(Reg& r) {
   if (r.sock->epoll_users.load(std::memory_order_relaxed) != 1) return false;
   if (st->epoll_watch() != &r.watch) st->set_epoll_watch(&r.watch);
   if (r.disarmed) return true;  // nothing to report until EPOLL_CTL_MOD (rearm)
-  return !r.dirty && !r.due_last && r.fired == 0 && r.tcp_fired == 0 &&
+  return !r.dirty && !r.due_last && r.fired == 0 &&
          st->generation() == r.seen_gen;
 }
 
@@ -758,7 +783,7 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
     if (r.parked) {
       // Something fired for it, or it fell back: delete it for real.
       Stream* pst = r.sock->stream();
-      if (r.fired || r.tcp_fired || !pst || !pst->governs()) {
+      if (r.fired || !pst || !pst->governs()) {
         drop(set, epfd, index_of(set, &r));
         continue;
       }
@@ -779,12 +804,9 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
       if (seen) seen->push_back(kNoCheck);
       // While data may arrive on TCP, its socket must wake the set too.
       bool on_rdma = st->on_rdma();
-      int tfd = set->shadow >= 0 && !on_rdma ? st->tcp_fd() : -1;
-      if (tfd != r.tcp_fd) {
-        del_internal(set, epfd, r.tcp_fd);
-        r.tcp_fd = tfd;
-        uint32_t tev = EPOLLET | EPOLLIN | EPOLLRDHUP | (r.events & EPOLLOUT);
-        if (tfd >= 0) add_internal(set, epfd, tfd, r, tev, kTcpWatch);
+      if (set->shadow >= 0 && !on_rdma) {
+        st->watch_tcp();
+        ensure_tcp_hub(set);
       }
       // Skipped only when nothing can have changed: on RDMA, no internal fd
       // fired (events nobody processed yet), the stream's generation is the
@@ -826,13 +848,12 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
           // (Arrivals are counted exactly by rx_arrived(); the TCP watch also
           // fires for the switch marker, which is not data.)
           due = ((ev & POLLIN) && rx != r.last_rx) ||
-                ((ev & POLLOUT) && (tx != r.last_tx || (r.tcp_fired & EPOLLOUT))) ||
+                ((ev & POLLOUT) && tx != r.last_tx) ||
                 (ev & ~r.last_ev & (POLLRDHUP | POLLHUP | POLLERR));
           r.last_rx = rx;
           r.last_tx = tx;
         }
         if (ev >= 0) r.last_ev = ev;
-        if (full) r.tcp_fired = 0;
         r.due_last = false;
         if (ev < 0) {
           to_kernel(set, epfd, r);
@@ -884,7 +905,7 @@ void refresh(EpollSet* set, bool full) {
       due = true;
     } else if (ev > 0) {
       // Edge-triggered: as collect() would decide, without consuming the edge.
-      if (!(r.events & EPOLLET) || (r.tcp_fired & EPOLLOUT) ||
+      if (!(r.events & EPOLLET) ||
           ((ev & POLLIN) && st->rx_arrived() != r.last_rx) ||
           ((ev & POLLOUT) && st->tx_room_events() != r.last_tx) ||
           (ev & ~r.last_ev & (POLLRDHUP | POLLHUP | POLLERR)))
@@ -915,7 +936,7 @@ void check_before_sleep(EpollSet* set, int epfd) {
     if (ev <= 0 || !(ev & short(interest | POLLHUP | POLLERR))) continue;
     pollfd p[3];
     nfds_t k = 0;
-    for (int fd : {r.wake_fd, r.tcp_fd, set->shadow})
+    for (int fd : {r.wake_fd, set->shadow})
       if (fd >= 0) p[k++] = {fd, POLLIN, 0};
     if (sys::libc.poll(p, k, 0) > 0) continue;
     log::write_line(log::Level::kError,
@@ -964,7 +985,7 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
     // The socket it was deleted from comes back: as it was, with the new mask.
     if (p->sock == s.get() && ev && !(ev->events & EPOLLEXCLUSIVE) && governing_stream(s)) {
       rekey(set, *p, fd, false);
-      rearm(set, epfd, *p, *ev);
+      rearm(set, *p, *ev);
       return 0;
     }
     drop(set, epfd, index_of(set, p));
@@ -976,7 +997,6 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
       if (set->parked_count < kMaxParked) {
         rekey(set, *r, fd, true);
         r->fired = 0;
-        r->tcp_fired = 0;
       } else {
         drop(set, epfd, index_of(set, r));
       }
@@ -985,7 +1005,7 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
     if (op == EPOLL_CTL_MOD) {
       if (!ev) return Err(EFAULT);
       if (ev->events & EPOLLEXCLUSIVE) return Err(EINVAL);
-      rearm(set, epfd, *r, *ev);
+      rearm(set, *r, *ev);
       return 0;
     }
     return Err(EINVAL);
@@ -1173,6 +1193,7 @@ void epoll_fd_closed(int fd) {
     set->ready_set = false;
   }
   set->hub_target = set->hub_fd = -1;  // (its entry went with the instance)
+  set->tcp_hub_fd = -1;
   if (set->watched) g_watched.fetch_sub(1, std::memory_order_relaxed);
   set->watched = false;
 }

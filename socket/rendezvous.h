@@ -24,6 +24,13 @@ void listener_started(Socket* s, int fd);
 // The socket is being freed: drop its rdma_cm listener and hand its stream
 // (if any) to the progress thread for an orderly close.
 void socket_released(Socket* s);
+// The application is about to close fd (close, close_range, dup2/dup3 onto
+// it), which may be the number an upgrading or upgraded connection uses for
+// its kernel socket: the stream takes its own reference first
+// (Stream::retire_fd). One relaxed load when no stream exists.
+void fd_closing(int fd);
+// fd_closing() for every tracked fd in [lo, hi].
+void fds_closing(unsigned lo, unsigned hi);
 // fd is about to be used as a listener (accept, epoll_ctl ADD): if it is
 // one this fork child inherited, from now on the child watches the process
 // that serves its rdma_cm listener and takes over when that one exits. One

@@ -5,6 +5,7 @@
 
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -22,6 +23,8 @@
 #include "socket/process.h"
 #include "socket/readiness.h"
 #include "socket/rendezvous.h"
+#include "socket/tcp_hub.h"
+#include "transport/cm_hub.h"
 #include "util/log.h"
 #include "util/owned_fds.h"
 #include "util/stats.h"
@@ -94,7 +97,8 @@ bool rdma_available() {
 
 Stream::Stream(int tcp_fd, bool client, const sockaddr_storage& local,
                const sockaddr_storage& peer, stats::ConnSlot* slot)
-    : tcp_fd_(tcp_fd), client_(client), local_(local), peer_(peer), slot_(slot) {
+    : tcp_fd_(tcp_fd), tcp_fd_pub_(tcp_fd), client_(client), local_(local), peer_(peer),
+      slot_(slot) {
   g_streams_alive.fetch_add(1, std::memory_order_relaxed);
   wake_fd_ = sys::own_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   my_cookie_ = random_cookie();
@@ -112,8 +116,12 @@ Stream::~Stream() {
               (unsigned long long)slot_->traffic.rx_bytes[1].load());
   stats::close_conn(slot_);
   Backlog::release(std::exchange(backlog_, nullptr));
+  unwatch_tcp_locked();  // (nobody else can reach the stream now)
   sys::close_owned(wake_fd_);
-  sys::close_owned(tcp_fd_);  // kernel FIN (or RST) now
+  // Our dup, if the application closed its number: the kernel's FIN (or
+  // RST) now. Never the application's own number (a stream deleted while
+  // the application holds it: one that failed to start).
+  if (tcp_owned_.load(std::memory_order_relaxed)) sys::close_owned(tcp_fd_);
   if (scratch_) munmap(scratch_, kScratchSize);
 }
 
@@ -142,6 +150,79 @@ void Stream::wake() {
 void Stream::set_phase(Phase p) {
   phase_.store(p, std::memory_order_release);
   if (p == Phase::kPlain) governs_.store(false, std::memory_order_release);
+  // On RDMA the TCP socket stays silent (the progress thread's idle watch
+  // covers it); plain or broken, the emulation no longer looks at it.
+  if (p == Phase::kRdma || p == Phase::kPlain || p == Phase::kBroken) unwatch_tcp_locked();
+}
+
+bool Stream::tcp_hub_wanted() const {
+  Phase p = phase();
+  return (p == Phase::kPending || p == Phase::kSwitching || p == Phase::kReverting) &&
+         !orphaned_ && tcp_fd_ >= 0;
+}
+
+void Stream::watch_tcp() {
+  if (hub_watched_.load(std::memory_order_acquire)) return;
+  std::lock_guard lk(mu_);
+  if (hub_fd_ >= 0 || !tcp_hub_wanted()) return;
+  std::lock_guard hl(transport::cm_hub::mu());
+  if (tcp_hub::add_locked(tcp_fd_, this)) {
+    hub_fd_ = tcp_fd_;
+    hub_watched_.store(true, std::memory_order_release);
+  }
+}
+
+void Stream::unwatch_tcp_locked() {
+  if (hub_fd_ < 0) return;
+  std::lock_guard hl(transport::cm_hub::mu());
+  tcp_hub::del_locked(hub_fd_);
+  hub_fd_ = -1;
+  hub_watched_.store(false, std::memory_order_release);
+}
+
+// Under cm_hub::mu() (no blocking lock, no mu_): the waiters look again. The
+// stream's wake fd reaches every epoll set holding one of its registrations,
+// whichever thread read the hub; new send room on TCP counts for
+// edge-triggered EPOLLOUT as room on RDMA does.
+void Stream::tcp_event(uint32_t events) {
+  if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) tx_gen_.fetch_add(1, std::memory_order_acq_rel);
+  wake();
+}
+
+bool Stream::retire_fd(int fd) {
+  std::lock_guard lk(mu_);
+  if (tcp_owned_.load(std::memory_order_relaxed) || tcp_fd_ != fd || fd < 0) return false;
+  Phase p = phase();
+  if ((p == Phase::kPlain && !closed_second_) || p == Phase::kBroken) {
+    // Nothing of ours is left to deliver: the kernel ends the connection
+    // with the application's close, as it would without librsock (and an
+    // epoll registration of fd ends with it, which a dup would keep alive).
+    unwatch_tcp_locked();
+    set_tcp_fd(-1, false);
+    return true;
+  }
+  int d = sys::dup_owned(fd);
+  if (d < 0) {
+    // No fd left even for this: once the application's close returns, the
+    // kernel ends the connection; the stream goes on without a TCP socket.
+    LOG_WARN("fd %d: no fd for librsock's reference to the connection (%s): the kernel closes "
+             "it with the application's close", fd, strerror(errno));
+    unwatch_tcp_locked();
+    set_tcp_fd(-1, false);
+    return true;
+  }
+  if (hub_fd_ >= 0) {
+    std::lock_guard hl(transport::cm_hub::mu());
+    tcp_hub::del_locked(hub_fd_);
+    if (tcp_hub::add_locked(d, this)) {
+      hub_fd_ = d;
+    } else {
+      hub_fd_ = -1;
+      hub_watched_.store(false, std::memory_order_release);
+    }
+  }
+  set_tcp_fd(d, true);
+  return true;
 }
 
 unsigned long long Stream::us_since_start() const { return (now_ns() - born_ns_) / 1000; }
@@ -1215,6 +1296,12 @@ bool Stream::check_idle_tcp() {
 
 void Stream::detach_after_fork() {
   new (&mu_) std::mutex();                   // may have been held at fork
+  // The tcp_hub instance is the parent's (tcp_hub::after_fork_child): its
+  // entry is never deleted from here.
+  hub_fd_ = -1;
+  hub_watched_.store(false, std::memory_order_release);
+  // Nor is the progress thread's idle-TCP watch ours (a new registry here).
+  tcp_watched = tcp_watch_armed = false;
   (void)conn_.release();                     // the parent's; never touched here
   if (phase() == Phase::kPending) {
     set_phase(Phase::kPlain);
@@ -1248,8 +1335,19 @@ void Stream::orphan() {
   std::lock_guard lk(mu_);
   orphaned_ = true;
   // No data path any more: nothing to push, and the registration may be
-  // freed without looking at this stream (readiness.cc unwatch).
+  // freed without looking at this stream (readiness.cc unwatch). Nobody
+  // waits in an epoll set for it either.
   epoll_watch_.store(nullptr, std::memory_order_release);
+  if (!tcp_owned_.load(std::memory_order_relaxed) && tcp_fd_ >= 0) {
+    // The number was closed where no hook saw it (a raw syscall): it may
+    // name another file by now, so it is not used again.
+    LOG_WARN("fd %d: closed without librsock's close hook; the connection's TCP socket is lost "
+             "to it", tcp_fd_);
+    hub_fd_ = -1;  // (a DEL by that number could hit another file's entry)
+    hub_watched_.store(false, std::memory_order_release);
+    set_tcp_fd(-1, false);
+  }
+  unwatch_tcp_locked();
   linger lg{};
   socklen_t len = sizeof lg;
   if (phase() != Phase::kPlain && phase() != Phase::kRdma &&
@@ -1259,9 +1357,10 @@ void Stream::orphan() {
     if (conn_ && conn_->established())
       (void)conn_->send_control(uint8_t(wire::Control::kReset), {});
     if (conn_) (void)conn_->close();
-    sys::close_owned(tcp_fd_);  // the last reference: the kernel sends the RST
-    tcp_fd_ = -1;
     set_phase(Phase::kBroken);
+    // The last reference (retire_fd took it): the kernel sends the RST.
+    if (tcp_owned_.load(std::memory_order_relaxed)) sys::close_owned(tcp_fd_);
+    set_tcp_fd(-1, false);
     wake();
     return;
   }

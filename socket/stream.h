@@ -213,7 +213,29 @@ class Stream {
   // A connection is attached (the rendezvous has one). Under the
   // registry's lock for pending server streams (progress.cc).
   bool has_conn() const { return conn_ != nullptr; }
-  int tcp_fd() const { return tcp_fd_; }
+  // The kernel socket: the application's own fd (the one connect() or
+  // accept() returned) until the application closes that number; from then
+  // on a dup of our own (retire_fd). Any thread; it may change under a
+  // reader that holds no lock (both numbers name the same socket until the
+  // application's close returns).
+  int tcp_fd() const { return tcp_fd_pub_.load(std::memory_order_acquire); }
+  // Whether `fd` is the application's number this stream uses (retire_fd
+  // is needed before it is closed). Lock-free.
+  bool uses_app_fd(int fd) const {
+    return tcp_fd() == fd && !tcp_owned_.load(std::memory_order_acquire);
+  }
+  // The application is about to close `fd` (close, close_range, or dup2
+  // onto it) and it is the number this stream uses: the stream takes a dup
+  // of its own (in the owned band) and moves its tcp_hub entry there. The
+  // caller moves the progress thread's idle-TCP watch. False if fd is not
+  // (or no longer) the one this stream uses.
+  bool retire_fd(int fd);
+  // epoll emulation (readiness.cc): while data may come over TCP, the TCP
+  // socket is in the tcp_hub (socket/tcp_hub.h). Idempotent, cheap when
+  // already there.
+  void watch_tcp();
+  // tcp_hub, under cm_hub::mu(): the TCP socket fired `events`.
+  void tcp_event(uint32_t events);
   stats::ConnSlot* slot() const { return slot_; }
   void wake();              // pokes waiters (wake_fd_)
   void completion_event();  // cq_hub: pokes only the waiters that need it
@@ -346,7 +368,23 @@ class Stream {
   std::atomic<int> sleepers_{0};
   std::atomic<bool> start_requested_{false};
   std::atomic<EpollWatch*> epoll_watch_{nullptr};
-  int tcp_fd_;         // our own dup of the kernel socket (CLOEXEC); -1 once aborted
+  // The kernel socket (tcp_fd()): the application's number, or our own dup
+  // once tcp_owned_; -1 once aborted. Written under mu_ (and the progress
+  // thread's registry lock, for its idle-TCP watch); tcp_fd_pub_ is the
+  // copy for readers without mu_.
+  int tcp_fd_;
+  std::atomic<int> tcp_fd_pub_;
+  std::atomic<bool> tcp_owned_{false};
+  void set_tcp_fd(int fd, bool owned) {
+    tcp_fd_ = fd;
+    tcp_owned_.store(owned, std::memory_order_release);
+    tcp_fd_pub_.store(fd, std::memory_order_release);
+  }
+  int hub_fd_ = -1;  // the number of our tcp_hub entry, -1 if none (under mu_)
+  std::atomic<bool> hub_watched_{false};  // hub_fd_ >= 0, for watch_tcp's fast path
+  // Under mu_: whether data may come over TCP (the tcp_hub entry is wanted).
+  bool tcp_hub_wanted() const;
+  void unwatch_tcp_locked();
   int wake_fd_ = -1;   // eventfd, readable when waiters must re-check
   const bool client_;
   sockaddr_storage local_{}, peer_{};

@@ -286,7 +286,7 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
     if (r.error() != EAGAIN) return got ? Status<size_t>(got) : r;
     if (nonblock) return got ? Status<size_t>(got) : Err(EAGAIN);
     if (timeout == -2) {
-      timeout = socket_timeout_ms(tcp_fd_, SO_RCVTIMEO);
+      timeout = socket_timeout_ms(tcp_fd(), SO_RCVTIMEO);
       deadline = timeout < 0 ? 0 : now_ms() + uint64_t(timeout);
     }
     int left = -1;
@@ -326,7 +326,7 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
     if (r.error() != EAGAIN) return sent ? Status<size_t>(sent) : r;
     if (nonblock) return sent ? Status<size_t>(sent) : Err(EAGAIN);
     if (timeout == -2) {
-      timeout = socket_timeout_ms(tcp_fd_, SO_SNDTIMEO);
+      timeout = socket_timeout_ms(tcp_fd(), SO_SNDTIMEO);
       deadline = timeout < 0 ? 0 : now_ms() + uint64_t(timeout);
     }
     int left = -1;

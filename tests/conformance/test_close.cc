@@ -385,6 +385,67 @@ TEST_CASE("dup2/dup3: target numbers, closing the old target, O_CLOEXEC") {
   CHECK(eof);
 }
 
+// Under librsock a connection's stream uses the number connect()/accept()
+// returned until the program closes it (then a reference of its own): every
+// way of closing that number must leave the connection to its other names.
+TEST_CASE("close_range/dup2: the first number of a connection closed, its duplicate carries on") {
+  Pair p = connected_pair();  // upgraded over rxe
+  Fd ch(fcntl(p.client, F_DUPFD, 300));
+  Fd sh(fcntl(p.server, F_DUPFD, 310));
+  REQUIRE(ch >= 300);
+  REQUIRE(sh >= 310);
+  int corig = p.client.release();
+  REQUIRE(close_range(unsigned(corig), unsigned(corig), 0) == 0);
+  // dup2 onto the server's first number: another connection takes it over.
+  Pair q = connected_pair();
+  int sorig = p.server.get();
+  REQUIRE(dup2(q.client, sorig) == sorig);
+  p.server.release();
+  Fd qalias(sorig);
+  // A few MB each way at once, checked, through the duplicates.
+  constexpr size_t kBytes = 4 << 20;
+  std::thread writer([&] {
+    std::vector<char> b(64 << 10);
+    for (size_t off = 0; off < kBytes; off += b.size()) {
+      fill_pattern(b.data(), b.size(), off, 7);
+      if (write_all(sh, b.data(), b.size()) != b.size()) return;
+    }
+  });
+  size_t rgot = 0, rbad = 0;
+  std::thread reader([&] {
+    std::vector<char> b(64 << 10);
+    while (rgot < kBytes) {
+      if (read_exact(sh, b.data(), b.size()) != b.size()) return;
+      rbad += check_pattern(b.data(), b.size(), rgot, 9) != b.size();
+      rgot += b.size();
+    }
+  });
+  std::vector<char> out(64 << 10), in(64 << 10);
+  size_t got = 0, bad = 0;
+  for (size_t off = 0; off < kBytes; off += out.size()) {
+    fill_pattern(out.data(), out.size(), off, 9);
+    if (write_all(ch, out.data(), out.size()) != out.size()) break;
+    if (read_exact(ch, in.data(), in.size()) != in.size()) break;
+    bad += check_pattern(in.data(), in.size(), got, 7) != in.size();
+    got += in.size();
+  }
+  writer.join();
+  reader.join();
+  CHECK(got == kBytes);
+  CHECK(bad == 0);
+  CHECK(rgot == kBytes);
+  CHECK(rbad == 0);
+  // The second connection works through the number it took over.
+  REQUIRE(write_all(qalias, "q", 1) == 1);
+  char c;
+  REQUIRE(read_exact(q.server, &c, 1) == 1);
+  // Closing the last name ends the first connection: EOF at the peer.
+  REQUIRE(ch.reset() == 0);
+  bool eof = false;
+  CHECK(read_to_eof(sh, nullptr, &eof) == 0);
+  CHECK(eof);
+}
+
 TEST_CASE("close: I/O on a closed fd is EBADF") {
   Pair p = connected_pair();
   int fd = p.client.release();

@@ -9,9 +9,10 @@
 #     accepting side, the reasons that follows from it), nothing enters the
 #     negative cache, and the process prints exactly one warning line.
 #  3. fds: RLIMIT_NOFILE 1024 (the default soft limit), memlock ample, 200
-#     connections (400 sockets): librsock keeps to half the fd limit (2 fds
-#     per upgraded socket), so no EMFILE, every byte correct, the sockets
-#     beyond stay on TCP with reason fd_limit, one warning line.
+#     connections (400 sockets): one librsock fd per upgraded socket (its
+#     wake eventfd; the kernel socket is the program's own fd), all in the
+#     upper half of the fd limit, so no EMFILE, every byte correct, and at
+#     least 390 of the 400 sockets on RDMA with no fd_limit warning.
 set -uo pipefail
 BUILD=$(cd "$1" && pwd) IP=$2
 LIB=$BUILD/librsock.so
@@ -59,15 +60,14 @@ MEMLOCK=268435456 NOFILE=1024 as_user "$T/c" "$ECHO" "$IP" --conns 200 --bytes 2
 rc=$?
 grep -v '^ *$' "$T/c" | head -20
 warn=$(grep -c 'half of the fd limit' "$T/c")
-fb=$(sed -n 's/.*fallbacks:\(.*\))$/\1/p' "$T/c" | tail -1)
 rdma=$(sed -n 's/^transport: rdma=\([0-9]*\).*/\1/p' "$T/c")
 check "fds: 200 connections under ulimit -n 1024: exit 0 and every byte echoed" \
   $([ $rc = 0 ] && grep -q '^ok 200' "$T/c"; echo $?)
 check "fds: no EMFILE" $(! grep -qi 'too many open files\|EMFILE' "$T/c"; echo $?)
-check "fds: exactly one warning line (got $warn)" $([ "$warn" = 1 ]; echo $?)
-check "fds: fallbacks say fd_limit ($fb)" $(grep -q 'fd_limit=[1-9]' <<<"$fb"; echo $?)
-# (2 fds per upgraded socket in the upper half of 1024: about 250 fit, where
-# 3 fds, before the shared completion channel, gave at most 170.)
-check "fds: at least 230 sockets on RDMA (got ${rdma:-0})" $([ "${rdma:-0}" -ge 230 ]; echo $?)
-echo "memlock: $((12 - fail)) passed, $fail failed"
+check "fds: no fd_limit warning (got $warn)" $([ "$warn" = 0 ]; echo $?)
+# (With 2 fds per upgraded socket, before the stream used the program's own
+# fd, about 250 of these 400 fit; with 3, before the shared completion
+# channel, at most 170.)
+check "fds: at least 390 of 400 sockets on RDMA (got ${rdma:-0})" $([ "${rdma:-0}" -ge 390 ]; echo $?)
+echo "memlock: $((11 - fail)) passed, $fail failed"
 [ $fail = 0 ]
