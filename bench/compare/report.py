@@ -144,6 +144,7 @@ def main():
                  if not wl[0].lstrip("b").startswith("pp") or wl[0].lstrip("b")[2:] in sizes]
 
     med = {}            # (w, t, metric) -> median of valid runs
+    runs_of = {}        # (w, t, metric) -> the valid runs' values (the spread)
     cell_why = {}       # (w, t) -> why there is no figure
     invalid = []        # (w, round, why)
     proof = []          # (w, round, text)
@@ -170,6 +171,7 @@ def main():
             if good_rounds:
                 for m in metrics:
                     med[(w, t, m)] = statistics.median(runs[m][r] for r in good_rounds)
+                    runs_of[(w, t, m)] = [runs[m][r] for r in sorted(good_rounds)]
             else:
                 whys = [why for _, why in na.get((w, t), [])]
                 if runs[metrics[0]]:
@@ -203,6 +205,19 @@ def main():
     def ratio(a_, b_):
         return f"{a_ / b_:.2f}" if a_ is not None and b_ else "–"
 
+    def spread(w, t, m):
+        """Half the range of the valid runs, relative to their median: the
+        noise a ratio of two cells has to beat. None with fewer than 2 runs."""
+        v = runs_of.get((w, t, m), [])
+        md = med.get((w, t, m))
+        if len(v) < 2 or not md:
+            return None
+        return (max(v) - min(v)) / 2 / md
+
+    def with_spread(w, t, m, kind):
+        sp = spread(w, t, m)
+        return fmt(val(w, t, m), kind) + ("" if sp is None else f" ±{sp:.0%}")
+
     lines = []
     lines.append("| workload | unit | raw verbs | TCP | rspreload | librsock | librsock/raw | librsock/rspreload | librsock/TCP |")
     lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -214,9 +229,10 @@ def main():
                 cells.append(fmt(val(w, t, m0), "conn") if (w, t, m0) in med else "–")
             elif (w, t, m0) in med:
                 if kind in ("lat", "conn"):
-                    cells.append(" / ".join(fmt(val(w, t, m), kind) for m in ("median_us", "p99_us", "avg_us")))
+                    cells.append(" / ".join([with_spread(w, t, "median_us", kind)] +
+                                            [fmt(val(w, t, m), kind) for m in ("p99_us", "avg_us")]))
                 else:
-                    cells.append(fmt(val(w, t, m0), kind))
+                    cells.append(with_spread(w, t, m0, kind))
             else:
                 cells.append(note(f"{TNAME[t]}: {cell_why[(w, t)]}"))
         r = val(w, "rsock", m0)
@@ -228,23 +244,33 @@ def main():
         if t in passthrough:
             p, q = passthrough[t]
             lines.append(f"| pass-through redis {t} (native, no RDMA device) | req/s | – | {p:.0f} | – | {q:.0f} | – | – | {q / p:.3f} |")
-            pt_targets.append(f"| pass-through redis {t} >= 0.98x plain | {q:.0f} vs {p:.0f} req/s | {q / p:.3f} | {'met' if q / p >= 0.98 else 'MISSED'} |")
+            pt_targets.append(f"| pass-through redis {t} >= 0.98x plain | {q:.0f} vs {p:.0f} req/s | {q / p:.3f} | – | {'met' if q / p >= 0.98 else 'MISSED'} |")
         else:
             lines.append(f"| pass-through redis {t} (native, no RDMA device) | req/s | – | {note('pass-through: bench/passthrough/run did not run or printed no table')} | – | n/a | – | – | – |")
-            pt_targets.append(f"| pass-through redis {t} >= 0.98x plain | – | – | not measured |")
+            pt_targets.append(f"| pass-through redis {t} >= 0.98x plain | – | – | – | not measured |")
     table = "\n".join(lines)
 
     # Targets.
-    tl = ["| target | figure | ratio | verdict |", "|---|---|---:|---|"]
+    tl = ["| target | figure | ratio | ratio over the runs | verdict |", "|---|---|---:|---|---|"]
     def target(name, w, t, m, op, limit):
         r_ = val(w, "rsock", m)
         b = val(w, t, m)
         if r_ is None or not b:  # no figure, or a zero one (no ratio)
-            tl.append(f"| {name} | {w}: librsock vs {TNAME[t]} | – | not measured (n/a above) |")
+            tl.append(f"| {name} | {w}: librsock vs {TNAME[t]} | – | – | not measured (n/a above) |")
             return
         q = r_ / b
         ok = q <= limit if op == "<=" else q >= limit
-        tl.append(f"| {name} | {fmt(r_, 'lat' if 'us' in m else 'bw')} vs {fmt(b, 'lat' if 'us' in m else 'bw')} | {q:.2f} | {'met' if ok else 'MISSED'} |")
+        # The ratio any pairing of the two cells' runs gives: when the limit
+        # falls inside, the runs do not decide the verdict (more rounds).
+        rv, bv = runs_of.get((w, "rsock", m), []), [x for x in runs_of.get((w, t, m), []) if x]
+        span, verdict = "–", "met" if ok else "MISSED"
+        if len(rv) >= 2 and len(bv) >= 2:
+            lo, hi = min(rv) / max(bv), max(rv) / min(bv)
+            span = f"{lo:.2f}-{hi:.2f}"
+            if lo <= limit <= hi:
+                verdict += " (within the spread: not decided by these runs)"
+        kind = "lat" if "us" in m else "bw"
+        tl.append(f"| {name} | {fmt(r_, kind)} vs {fmt(b, kind)} | {q:.2f} | {span} | {verdict} |")
     for w in ("pp64", "bpp64"):
         lab = "sockperf" if w == "pp64" else "blocking"
         target(f"64 B ping-pong ({lab}) median <= 1.15x raw verbs", w, "raw", "median_us", "<=", 1.15)
@@ -396,10 +422,14 @@ M = 400 (4000 keys), `iperf3 -t 3`, pass-through `-n 20000 --runs 3`;
 -t 2`, pass-through `-n 2000 --runs 1`.
 
 Columns: each figure is the median over the rounds (latency cells: median /
-p99 / average of the per-round values). Ratios are librsock divided by the
-other transport, on the median latency or the throughput; for latency lower
-is better, for throughput higher. "n/a [k]" points to note k below, which
-says why there is no figure.
+p99 / average of the per-round values). "±x%" after a median is its
+spread: half the range of the valid rounds, relative to the median (with
+one round, none). Ratios are librsock divided by the other transport, on
+the median latency or the throughput; for latency lower is better, for
+throughput higher. In the targets table, "ratio over the runs" is the
+range any pairing of the two cells' rounds gives; a verdict whose limit
+falls inside it says so: the rounds do not decide it, more are needed.
+"n/a [k]" points to note k below, which says why there is no figure.
 
 ## Results
 
