@@ -32,8 +32,9 @@ fi
 HOST=10.77.0.1
 LIB=$BUILD/librsock.so
 CB=$BUILD/bench/connect/rsock_connect_bench
+ECHO=$BUILD/tests/readiness/rsock_epoll_echo
 RSP=${RSPRELOAD:-/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so}
-for f in "$LIB" "$CB"; do [ -e "$f" ] || { echo "FAIL: $f missing (build it first)"; exit 1; }; done
+for f in "$LIB" "$CB" "$ECHO"; do [ -e "$f" ] || { echo "FAIL: $f missing (build it first)"; exit 1; }; done
 missing=
 for p in sockperf iperf3 redis-server redis-benchmark memcached memcslap ib_send_lat ib_write_bw rdma ss timeout; do
   command -v "$p" >/dev/null || missing+=" $p"
@@ -43,9 +44,9 @@ done
 ulimit -l unlimited 2>/dev/null
 
 if [ "$QUICK" = --quick ]; then   # the ctest smoke: ~90 s in the VM
-  ROUNDS=1 T=1 WARM=1 LAT_N=1000 CONN_N=20 REDIS_N=1000 MC_N=200 IPERF_T=2 TO=60 SIZES="64"
+  ROUNDS=1 T=1 WARM=1 LAT_N=1000 CONN_N=20 REDIS_N=1000 MC_N=200 ECHO_B=20000 IPERF_T=2 TO=60 SIZES="64"
 else
-  ROUNDS=${ROUNDS:-3} T=${SECS:-2} WARM=1 LAT_N=2000 CONN_N=150 REDIS_N=6000 MC_N=400 IPERF_T=3 TO=180 SIZES="64 1024 16384"
+  ROUNDS=${ROUNDS:-3} T=${SECS:-2} WARM=1 LAT_N=2000 CONN_N=150 REDIS_N=6000 MC_N=400 ECHO_B=200000 IPERF_T=3 TO=180 SIZES="64 1024 16384"
 fi
 STREAM_SIZE=65536
 RAW_T=$(( T < 2 ? 2 : T ))  # perftest's -D 1 window has come out empty (0.00 MB/s) on a slow host
@@ -153,6 +154,22 @@ client() {
   fi
   wait "$pid"; rc=$?
   return $rc
+}
+
+# CPU seconds (user + system) of process PID so far, from /proc (clock ticks).
+proc_cpu() {
+  awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat" 2>/dev/null
+}
+# CHILDREN_CPU: CPU seconds (user + system) of this shell's waited-for
+# children so far (bash's `times`, second line: getrusage(RUSAGE_CHILDREN),
+# which includes their own waited-for descendants, so a client under timeout
+# counts). `times` must run in this shell, not in a $(...) subshell.
+children_cpu() {
+  times > "$OUT/times.tmp"
+  CHILDREN_CPU=$(awk 'NR == 2 {
+    n = split($0, f, " ")
+    for (i = 1; i <= n; i++) { split(f[i], a, /[ms]/); t += a[1] * 60 + a[2] }
+    printf "%.3f", t }' "$OUT/times.tmp")
 }
 
 # first_line FILE PATTERN -- the first matching line, trimmed (for a WHY).
@@ -383,7 +400,8 @@ RSP_REDIS_WHY=
 run_redis() {  # TRANSPORT ROUND
   local tr=$1 rnd=$2 port tag o set get d
   if [ "$tr" = rsp ] && [ -n "$RSP_REDIS_WHY" ]; then
-    rec na redis_set rsp "$rnd" "$RSP_REDIS_WHY"; rec na redis_get rsp "$rnd" "$RSP_REDIS_WHY"; return
+    rec na redis_set rsp "$rnd" "$RSP_REDIS_WHY"; rec na redis_get rsp "$rnd" "$RSP_REDIS_WHY"
+    rec na redis_cpu rsp "$rnd" "$RSP_REDIS_WHY"; return
   fi
   port=$(free_port)
   d=$(mktemp -d /tmp/redis.XXXXXX)
@@ -392,25 +410,63 @@ run_redis() {  # TRANSPORT ROUND
     local why="redis-server: $SRV_WHY"
     [ "$tr" = rsp ] && RSP_REDIS_WHY="$why (under librspreload; redis registers its listening socket with epoll, which librspreload does not intercept)"
     rec na redis_set "$tr" "$rnd" "${RSP_REDIS_WHY:-$why}"; rec na redis_get "$tr" "$rnd" "${RSP_REDIS_WHY:-$why}"
+    rec na redis_cpu "$tr" "$rnd" "${RSP_REDIS_WHY:-$why}"
     return
   fi
   tag=redis-$tr-r$rnd
+  # CPU per request on each side (issue 14): the server's from /proc around
+  # the client's run, the client's as this shell's waited-for children.
+  local s0 c0 s1 c1
+  s0=$(proc_cpu "$SRV"); children_cpu; c0=$CHILDREN_CPU
   client "$tr" "$tag" "$TO" redis-benchmark -h "$HOST" -p "$port" -t set,get -n "$REDIS_N" -c $REDIS_C --csv
+  s1=$(proc_cpu "$SRV"); children_cpu; c1=$CHILDREN_CPU
   o=$OUT/logs/$tag.out
   set=$(awk -F'"' '$2=="SET" {print $4}' "$o")
   get=$(awk -F'"' '$2=="GET" {print $4}' "$o")
   if [ -n "$set" ] && [ -n "$get" ]; then
     rec res redis_set "$tr" "$rnd" rps "$set"; rec res redis_get "$tr" "$rnd" rps "$get"
+    if [ -n "$s0" ] && [ -n "$s1" ]; then
+      rec res redis_cpu "$tr" "$rnd" srv_us "$(awk -v a="$s0" -v b="$s1" -v n="$REDIS_N" 'BEGIN { printf "%.1f", (b - a) * 1e6 / (2 * n) }')"
+      rec res redis_cpu "$tr" "$rnd" cli_us "$(awk -v a="$c0" -v b="$c1" -v n="$REDIS_N" 'BEGIN { printf "%.1f", (b - a) * 1e6 / (2 * n) }')"
+    else
+      rec na redis_cpu "$tr" "$rnd" "the server's /proc/PID/stat could not be read"
+    fi
   else
     local why; why="redis-benchmark: $(grep -v '^$' "$o" | tail -1 | cut -c1-160)"
     [ "$tr" = rsp ] && RSP_REDIS_WHY="$why (under librspreload)"
     rec na redis_set "$tr" "$rnd" "$why"; rec na redis_get "$tr" "$rnd" "$why"
+    rec na redis_cpu "$tr" "$rnd" "$why"
   fi
   [ -n "$QPS" ] && rec qp redis_set "$tr" "$rnd" "$QPS"
   [ "$tr" = rsock ] && rec_sum redis_set rsock "$rnd" client "$tag"
   stop_srv TERM
   [ "$tr" = rsock ] && rec_sum redis rsock "$rnd" server "redis-srv-$tr-r$rnd"
   rm -rf "$d"
+}
+
+# --- 64-connection epoll echo (tests/readiness/epoll_echo.cc) --------------
+# One process holds 64 connections to itself, every socket in one
+# level-triggered epoll set; each client sends ECHO_B bytes, the server side
+# echoes them, the client checks them. After --await-settled (every socket
+# on RDMA or settled on TCP), so the run is the echo alone.
+run_echo() {  # TRANSPORT ROUND
+  local tr=$1 rnd=$2 tag o line rc
+  if [ "$tr" = rsp ]; then
+    rec na echo64 rsp "$rnd" "rspreload does not intercept epoll (an epoll server cannot run under it: see redis)"
+    return
+  fi
+  tag=echo64-$tr-r$rnd
+  client "$tr" "$tag" "$TO" "$ECHO" "$HOST" --conns 64 --bytes "$ECHO_B" --await-settled
+  rc=$?
+  o=$OUT/logs/$tag.out
+  line=$(sed -n 's/^echo conns=.* mibps=\([0-9.]*\).*/\1/p' "$o")
+  if [ -n "$line" ] && grep -q '^ok 64' "$o"; then
+    rec res echo64 "$tr" "$rnd" mibps "$line"
+  else
+    rec na echo64 "$tr" "$rnd" "epoll echo failed (exit status $rc): $(grep -v '^$' "$o" | tail -1 | cut -c1-160)"
+  fi
+  # Client and server are one process: its summary proves both ends.
+  [ "$tr" = rsock ] && rec_sum echo64 rsock "$rnd" client "$tag" && rec_sum echo64 rsock "$rnd" server "$tag"
 }
 
 # --- memcached (multi-threaded epoll server: 2 worker threads) -------------
@@ -470,7 +526,7 @@ for ((rnd = 1; rnd <= ROUNDS; rnd++)); do
     if [ "$tr" = raw ]; then
       run_raw_lat "$rnd"
       run_raw_bw "$rnd"
-      for w in redis_set redis_get mc_set; do rec na "$w" raw "$rnd" "no raw-verbs ${w%_*}: the raw baseline exists only for ping-pong (ib_send_lat) and streaming (ib_write_bw)"; done
+      for w in redis_set redis_get redis_cpu mc_set echo64; do rec na "$w" raw "$rnd" "no raw-verbs ${w%_*}: the raw baseline exists only for ping-pong (ib_send_lat) and streaming (ib_write_bw)"; done
       rec na connect raw "$rnd" "perftest has no connection-setup test"
       continue
     fi
@@ -479,6 +535,7 @@ for ((rnd = 1; rnd <= ROUNDS; rnd++)); do
     run_iperf3 "$tr" "$rnd"
     run_redis "$tr" "$rnd"
     run_memcached "$tr" "$rnd"
+    run_echo "$tr" "$rnd"
   done
 done
 rec meta elapsed_s "$(($(date +%s) - START))"

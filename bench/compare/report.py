@@ -33,7 +33,8 @@ def size_name(s):
 
 
 # (workload id, label, kind, librsock server group); kind: lat (us, lower is
-# better), bw (MiB/s), rps (requests/s), conn (us).
+# better), bw (MiB/s), rps (requests/s), conn (us), cpu (us of CPU per
+# request, server / client; lower is better).
 WORKLOADS = (
     [(f"pp{s}", f"sockperf ping-pong {size_name(s)}", "lat", "sockperf") for s in SIZES]
     + [(f"bpp{s}", f"blocking ping-pong {size_name(s)}", "lat", "cb") for s in SIZES]
@@ -42,7 +43,11 @@ WORKLOADS = (
        ("bstream", "blocking stream 64 KiB writes", "bw", "cb"),
        ("redis_set", "redis-benchmark SET -c 10", "rps", "redis"),
        ("redis_get", "redis-benchmark GET -c 10", "rps", "redis"),
+       # CPU time per request of that run (SET and GET together), server and
+       # client, from /proc and getrusage: where a request's cost goes.
+       ("redis_cpu", "redis CPU per request (server / client)", "cpu", "redis"),
        ("mc_set", "memcached set, memcslap 10 threads", "rps", "memcached"),
+       ("echo64", "epoll echo, 64 connections in one process", "bw", "echo64"),
        ("connect", "connect() to first echoed byte", "conn", "cb"),
        # diagnostics for connection setup (median only, no check): the
        # connect() call alone, and librsock with default = tcp on both ends
@@ -50,7 +55,8 @@ WORKLOADS = (
        ("connect_call", "diagnostic: the connect() call alone", "diag", "cb"),
        ("connect_noup", "diagnostic: connect to first byte, librsock default = tcp", "diag", "cb"),
        ("connect_call_noup", "diagnostic: connect() call alone, librsock default = tcp", "diag", "cb")])
-UNIT = {"lat": "us", "bw": "MiB/s", "rps": "req/s", "conn": "us", "diag": "us median"}
+UNIT = {"lat": "us", "bw": "MiB/s", "rps": "req/s", "conn": "us", "diag": "us median",
+        "cpu": "CPU us / request, server / client"}
 # Which raw-verbs figure each workload is compared with.
 RAW_FROM = {"pp64": "ib_send_lat -s 64", "pp1024": "ib_send_lat -s 1024", "pp16384": "ib_send_lat -s 16384",
             "bpp64": "ib_send_lat -s 64", "bpp1024": "ib_send_lat -s 1024",
@@ -98,7 +104,8 @@ def rdma_ok(s):
 
 def validity(w, group, kind, rnd, sums):
     """Is the librsock figure of workload w in round rnd proven to be RDMA?"""
-    cli = sums.get((w if w != "redis_get" else "redis_set", "rsock", rnd, "client"), "missing")
+    cli = sums.get((w if w not in ("redis_get", "redis_cpu") else "redis_set", "rsock", rnd, "client"),
+                   "missing")
     srv = sums.get((group, "rsock", rnd, "server"), "missing")
     if kind == "conn":  # 1-byte connections close before the background upgrade: by design
         txt = rdma_ok(cli)[1].split(" (")[0] if cli not in ("missing", None) else "no summary"
@@ -122,7 +129,7 @@ def validity(w, group, kind, rnd, sums):
 def fmt(v, kind):
     if v is None:
         return "n/a"
-    if kind in ("lat", "conn"):
+    if kind in ("lat", "conn", "cpu"):
         return f"{v:.1f}" if v < 1000 else f"{v:.0f}"
     return f"{v:.1f}" if kind == "bw" else f"{v:.0f}"
 
@@ -157,7 +164,7 @@ def main():
                     med[(w, t, "median_us")] = statistics.median(v.values())
             continue
         metrics = ("median_us", "p99_us", "avg_us") if kind in ("lat", "conn") else (
-            ("mibps",) if kind == "bw" else ("rps",))
+            ("srv_us", "cli_us") if kind == "cpu" else ("mibps",) if kind == "bw" else ("rps",))
         for t in TRANSPORTS:
             runs = {m: dict(res.get((w, t, m), [])) for m in metrics}
             good_rounds = set(runs[metrics[0]])
@@ -222,7 +229,8 @@ def main():
     lines.append("| workload | unit | raw verbs | TCP | rspreload | librsock | librsock/raw | librsock/rspreload | librsock/TCP |")
     lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for w, label, kind, group in workloads:
-        m0 = "median_us" if kind in ("lat", "conn", "diag") else ("mibps" if kind == "bw" else "rps")
+        m0 = "median_us" if kind in ("lat", "conn", "diag") else (
+            "srv_us" if kind == "cpu" else "mibps" if kind == "bw" else "rps")
         cells = []
         for t in TRANSPORTS:
             if kind == "diag":
@@ -231,6 +239,8 @@ def main():
                 if kind in ("lat", "conn"):
                     cells.append(" / ".join([with_spread(w, t, "median_us", kind)] +
                                             [fmt(val(w, t, m), kind) for m in ("p99_us", "avg_us")]))
+                elif kind == "cpu":
+                    cells.append(" / ".join(with_spread(w, t, m, kind) for m in ("srv_us", "cli_us")))
                 else:
                     cells.append(with_spread(w, t, m0, kind))
             else:
@@ -403,12 +413,19 @@ Workloads (server on 10.77.0.1 in the guest):
 - **sockperf throughput** `sockperf tp -m 65000`: messages sent / time.
 - **iperf3** `iperf3 -c -t S -O 1` (first second omitted): receiver bytes/s.
 - **redis-benchmark** `-t set,get -c 10 -n N` against `redis-server --save ''
-  --appendonly no`.
+  --appendonly no`. Its CPU row: the server's user + system time over the
+  client's run (`/proc/PID/stat`) and the client's (`getrusage` of the
+  waited-for client), each divided by the 2N requests; the ratio columns
+  compare the server's.
 - **memcached** (2 worker threads, each with its own epoll loop):
   `memcslap --concurrency=10 --execute-number=M --test=set`, keys / the time
   memcslap reports (no get row: memcslap loads the keys for it through one
   more connection, which closes before its upgrade, so the run cannot be
   shown to be 90 % RDMA).
+- **epoll echo** (`tests/readiness/epoll_echo.cc`): one process holds 64
+  connections to itself in one level-triggered epoll set; each client sends
+  B bytes, which the server side echoes back; bytes echoed per second after
+  every socket settled (on RDMA, or TCP); B = 200000 (quick: 20000).
 - **pass-through** (native, no RDMA device): `bench/passthrough/run`,
   redis-benchmark plain vs preloaded, alternating runs.
 - **diagnostic** rows (median only, no target): the `connect()` call alone,

@@ -176,6 +176,7 @@ int main(int argc, char** argv) {
   }
 
   int clients_left = conns;
+  double t0 = now_s();
   std::vector<uint8_t> buf(65536);
   std::vector<epoll_event> evs(size_t(conns) * 2 + 1);
   while (clients_left > 0) {
@@ -242,6 +243,11 @@ int main(int argc, char** argv) {
       else if (oneshot || !et) epoll_ctl(ep, EPOLL_CTL_MOD, c.fd, &ev);
     }
   }
+  // For bench/compare: the bytes echoed back to the clients per second,
+  // from the first epoll_wait to the last client's EOF.
+  double secs = now_s() - t0;
+  printf("echo conns=%d bytes=%zu seconds=%.3f mibps=%.2f\n", conns, bytes, secs,
+         secs > 0 ? double(conns) * double(bytes) / secs / 1048576.0 : 0.0);
   printf("ok %d\n", conns);
   return 0;
 }
