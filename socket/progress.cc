@@ -55,9 +55,13 @@ constexpr uint64_t kOwnerTag = uint64_t{1} << 42;  // kOwnerTag | pidfd of a lis
 // this (the winner names itself in the share right after its bind), doubling
 // up to kTakeOverGapMaxNs while the port stays taken by someone else.
 constexpr uint64_t kTakeOverGapNs = 20'000'000, kTakeOverGapMaxNs = 1'000'000'000;
-// An upgraded connection keeps this many fds: its wake eventfd (the TCP
-// socket is the application's own fd until the application closes it).
-constexpr int kFdsPerStream = 1;
+// An upgraded connection keeps this many fds of its own: none. The TCP
+// socket is the application's fd until the application closes it, epoll
+// sets are woken through their own poke fd (Socket::watches); only a
+// blocking call or the poll/select emulation that sleeps on the stream
+// creates its wake eventfd (Stream::wake_fd). So the check is only that
+// librsock is below its half of the fd limit.
+constexpr int kFdsPerStream = 0;
 
 // How often the thread looks at an upgraded stream: often enough for its
 // keepalive (sent after keepalive_ms without traffic).
@@ -765,7 +769,8 @@ bool fd_room(Socket* s) {
   if (!warned.exchange(true))
     log::write_line(log::Level::kWarn,
                     "half of the fd limit (RLIMIT_NOFILE) is in use by librsock (1 fd per "
-                    "upgraded connection): new connections stay on TCP. Raise it with "
+                    "upgraded connection that a blocking call or poll() waits on): new "
+                    "connections stay on TCP. Raise it with "
                     "`ulimit -n` (or LimitNOFILE= for a systemd service)");
   s->note_fallback(stats::FallbackReason::kFdLimit);
   return false;
@@ -778,6 +783,7 @@ Stream* new_stream(Socket* s, int fd, bool client, const sockaddr_storage& local
   // fd of its RLIMIT_NOFILE each.
   auto* st = new (std::nothrow) Stream(fd, client, local, peer, s->slot());
   if (!st) return nullptr;
+  st->set_owner(s);
   std::lock_guard lk(g_mu);
   if (!ensure_thread()) {
     delete st;
@@ -1109,6 +1115,9 @@ void socket_released(Socket* s) {
     break;
   }
   if (!st) return;
+  // The socket's epoll registrations are dropped by their sets (names() is
+  // 0); no push reaches them after this.
+  st->release_owner();
   for (size_t i = 0; i < g_streams.size(); i++) {
     if (g_streams[i] == st) {
       st->orphan();

@@ -196,10 +196,12 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     bool still = true;  // no stream changed since the scan
     const int hub = transport::cq_hub::fd();
     size_t hub_at = SIZE_MAX;  // once, not once per stream: every stream shares it
+    bool no_wake = false;      // a stream without a wake fd: sleep in slices
     for (nfds_t i = 0; i < n; i++) {
       if (!streams[i]) continue;
       pollfd w[3];
       int k = streams[i]->wait_fds(fds[i].events, w);
+      no_wake |= w[0].fd < 0;
       for (int j = 0; j < k; j++) {
         if (w[j].fd == hub && hub_at != SIZE_MAX) continue;
         if (w[j].fd == hub) hub_at = wait.size();
@@ -207,8 +209,10 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
       }
       still &= streams[i]->sleep_begin(seen[i]);
     }
-    timespec buf, zero{};
-    int r = sys::libc.ppoll(wait.data(), wait.size(), still ? dl.left(&buf) : &zero, sleep.mask());
+    timespec buf, zero{}, slice{0, kNoWakeSliceMs * 1000000L};
+    const timespec* left = still ? dl.left(&buf) : &zero;
+    if (no_wake && (!left || left->tv_sec > 0 || left->tv_nsec > slice.tv_nsec)) left = &slice;
+    int r = sys::libc.ppoll(wait.data(), wait.size(), left, sleep.mask());
     int err = errno;
     for (nfds_t i = 0; i < n; i++)
       if (streams[i]) streams[i]->sleep_end();
@@ -268,9 +272,16 @@ Status<int> select_emulated(int nfds, fd_set* r, fd_set* w, fd_set* e, timespec*
 struct EpollWatch {
   std::atomic<bool> queued{false};  // on the set's pushed stack
   EpollWatch* next = nullptr;       // in that stack
+  // In its socket's list of registrations (Socket::watches), under the
+  // socket's watch_lock.
+  EpollWatch* wnext = nullptr;
+  bool linked = false;
   void* reg = nullptr;              // its Reg
   void* set = nullptr;              // its EpollSet
 };
+// Socket::watches (below, with socket_push_watches).
+void socket_link_watch(Socket* s, EpollWatch* w);
+void socket_unlink_watch(Socket* s, EpollWatch* w);
 
 namespace {
 
@@ -297,24 +308,22 @@ struct Reg {
   epoll_data_t data;
   bool user = false;     // true: lives here (upgraded); false: in the kernel
   bool disarmed = false; // EPOLLONESHOT fired, waiting for EPOLL_CTL_MOD
-  // Deleted by the application, internal fds still in the shadow: event
-  // loops (redis's ae, libevent) delete and re-add a socket per request, and
-  // a re-ADD of the same socket revives it without a syscall.
+  // Deleted by the application, still in the set: event loops (redis's ae,
+  // libevent) delete and re-add a socket per request, and a re-ADD of the
+  // same socket revives it as it was. Anything pushed for it drops it.
   bool parked = false;
-  // Internal fd, in the shadow instance (edge-triggered): the stream's wake
-  // fd. Its epoll data is this Reg's address | kind: a Reg outlives its
-  // shadow entry (drop() deletes it first), so a harvested event always
-  // names a live Reg. (The stream's TCP socket, while data may still come
-  // that way, is in the tcp_hub, whose fd the shadow holds once.)
-  int wake_fd = -1;
-  bool dirty = true;      // an internal fd fired, or new/modified: evaluate
+  // (No fd of the stream's is in the shadow: its changes push `watch`, which
+  // is in the socket's list while the registration is in user space. The
+  // stream's TCP socket, while data may still come that way, is in the
+  // tcp_hub, whose fd the shadow holds once.)
+  bool dirty = true;      // pushed, or new/modified: evaluate
   bool dirty_all = true;  // evaluate with every syscall (new, modified, refreshed)
   bool due_last = false;  // level-triggered and due at the last evaluation
   uint64_t seen_gen = ~0ull;  // stream generation before the last evaluation
   // Edge-triggered bookkeeping: what the last evaluation saw.
   uint64_t last_rx = ~0ull, last_tx = ~0ull;
   short last_ev = 0;
-  uint8_t fired = 0;       // kFiredWake: the wake fd fired
+  uint8_t fired = 0;       // kFiredWake: pushed since the last evaluation
 };
 constexpr uint8_t kFiredWake = 1;
 
@@ -466,24 +475,6 @@ void ensure_aux(EpollSet* set, int epfd) {
 int internal_target(EpollSet* set, int epfd) { return set->shadow >= 0 ? set->shadow : epfd; }
 
 
-// Shadow entries are edge-triggered: each firing is harvested once by
-// drain_shadow() and kept in the Reg (dirty/fired) until collect() evaluates
-// it. Level-triggered entries made the harvest a livelock (issue 17): an
-// entry stays ready until its fd is consumed, epoll hands ready entries out
-// in rotation, so with more than one batch of them ready at once, "read
-// until a short batch" never ended. They also kept the shadow readable for a
-// registration collect() does not evaluate (EPOLLONESHOT disarmed, or past
-// maxevents), turning every sleep into a busy loop.
-void add_internal(EpollSet* set, int epfd, int fd, Reg& r, uint32_t events = EPOLLIN,
-                  uint64_t kind = kWake) {
-  epoll_event ev{};
-  bool shadow = set->shadow >= 0;
-  ev.events = shadow ? events | EPOLLET : events;
-  ev.data.u64 = shadow ? reinterpret_cast<uint64_t>(&r) | kind : g_cookie;
-  if (sys::libc.epoll_ctl(internal_target(set, epfd), EPOLL_CTL_ADD, fd, &ev) == 0 && shadow)
-    set->internal_fds++;
-}
-
 // Under set->mu: the completion hub's fd goes where the internal fds go, once
 // per set (every registration's completions arrive there). Checked at every
 // collect: the hub's fd appears with the first connection's CQ (maybe after
@@ -571,34 +562,30 @@ void drain_shadow(EpollSet* set) {
   }
 }
 
-// Under set->mu: the registrations the data path pushed go back on `visit`.
+// Under set->mu: the registrations pushed since go back on `visit`, marked
+// as fired (a push is what a wake fd's firing was: a parked one is dropped).
 void take_pushed(EpollSet* set) {
   EpollWatch* w = set->pushed.exchange(nullptr, std::memory_order_acq_rel);
   while (w) {
     EpollWatch* next = w->next;
     w->queued.store(false, std::memory_order_release);
-    visit(set, *static_cast<Reg*>(w->reg));
+    Reg& r = *static_cast<Reg*>(w->reg);
+    r.dirty = true;
+    r.fired |= kFiredWake;
+    visit(set, r);
     w = next;
   }
 }
 
-// Under set->mu: the stream stops naming r as the registration to push, and
-// r is off the pushed stack (it is about to leave the set or user space).
-// A socket whose last fd is closed may have lost its stream already (the
-// progress thread deletes it once its linger ends): its stream is not
-// touched; an orphaned stream pushes nothing (Stream::orphan clears the watch).
+// Under set->mu: r leaves its socket's list (no push reaches it from now on)
+// and the pushed stack (it is about to leave the set or user space). The
+// socket is alive (r holds a reference); its stream is not touched (the
+// progress thread may have deleted it once the socket's last fd closed).
 void unwatch(EpollSet* set, Reg& r) {
-  if (r.sock->names() > 0)
-    if (Stream* st = r.sock->stream()) st->clear_epoll_watch(&r.watch);
+  socket_unlink_watch(r.sock, &r.watch);
   if (r.watch.queued.load(std::memory_order_acquire)) take_pushed(set);
 }
 
-void del_internal(EpollSet* set, int epfd, int fd) {
-  if (fd < 0) return;
-  if (sys::libc.epoll_ctl(internal_target(set, epfd), EPOLL_CTL_DEL, fd, nullptr) == 0 &&
-      set->shadow >= 0)
-    set->internal_fds--;
-}
 
 // Under set->mu: ready_fd readable iff `due`. Syscalls only on a change,
 // and only while someone can see it: an outer poller (a watched set) or
@@ -625,25 +612,20 @@ void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
   r.dirty = r.dirty_all = true;
   visit(set, r);
   set->user_count++;
-  // In a second set now: the registration resting in the first must be
-  // looked at every time from now on (it cannot rest: see EpollSet).
+  // In a second set now: a registration resting in the first must be
+  // looked at every time from now on (collect: epoll_users > 1).
   if (r.sock->epoll_users.fetch_add(1, std::memory_order_relaxed) >= 1)
-    if (EpollWatch* w = st->epoll_watch()) epoll_watch_fired(w);
-  r.wake_fd = st->wake_fd();
-  add_internal(set, epfd, r.wake_fd, r);
+    socket_push_watches(r.sock);
+  // Every change of the stream pushes r from now on (Stream::wake and
+  // announce): the stream has no fd of its own in the shadow.
+  socket_link_watch(r.sock, &r.watch);
+  (void)st;
   ensure_hub(set, epfd);
-}
-
-// Under set->mu: the internal fds of a registration leave the shadow.
-void del_internals(EpollSet* set, int epfd, Reg& r) {
-  del_internal(set, epfd, r.wake_fd);
-  r.wake_fd = -1;
 }
 
 // Under set->mu: back to the kernel (the upgrade fell back to TCP).
 void to_kernel(EpollSet* set, int epfd, Reg& r) {
   unwatch(set, r);
-  del_internals(set, epfd, r);
   r.user = false;
   set->user_count--;
   r.sock->epoll_users.fetch_sub(1, std::memory_order_relaxed);
@@ -653,11 +635,10 @@ void to_kernel(EpollSet* set, int epfd, Reg& r) {
   }
 }
 
-void drop(EpollSet* set, int epfd, size_t i) {
+void drop(EpollSet* set, int /*epfd*/, size_t i) {
   Reg& r = *set->regs[i];
   unwatch(set, r);
   if (r.user) {
-    if (epfd >= 0) del_internals(set, epfd, r);  // before the Reg their events name is freed
     set->user_count--;
     r.sock->epoll_users.fetch_sub(1, std::memory_order_relaxed);
   }
@@ -709,9 +690,9 @@ void rearm(EpollSet* set, Reg& r, const epoll_event& ev) {
   r.dirty = r.dirty_all = true;
   visit(set, r);
   // Only a thread asleep in the set, or an outer poller, must re-check now.
-  if (set->sleepers > 0 || set->watched) {
+  if ((set->sleepers > 0 || set->watched) && set->poke_fd >= 0) {
     uint64_t one = 1;
-    (void)!sys::libc.write(r.wake_fd, &one, sizeof one);
+    (void)!sys::libc.write(set->poke_fd, &one, sizeof one);
   }
 }
 
@@ -749,7 +730,6 @@ bool may_rest(Reg& r) {
   Stream* st = r.sock->stream();
   if (!st || !st->governs() || !st->on_rdma()) return false;
   if (r.sock->epoll_users.load(std::memory_order_relaxed) != 1) return false;
-  if (st->epoll_watch() != &r.watch) st->set_epoll_watch(&r.watch);
   if (r.disarmed) return true;  // nothing to report until EPOLL_CTL_MOD (rearm)
   return !r.dirty && !r.due_last && r.fired == 0 &&
          st->generation() == r.seen_gen;
@@ -936,7 +916,8 @@ void check_before_sleep(EpollSet* set, int epfd) {
     if (ev <= 0 || !(ev & short(interest | POLLHUP | POLLERR))) continue;
     pollfd p[3];
     nfds_t k = 0;
-    for (int fd : {r.wake_fd, set->shadow})
+    if (set->pushed.load(std::memory_order_acquire)) continue;  // a push ends the sleep
+    for (int fd : {set->shadow})
       if (fd >= 0) p[k++] = {fd, POLLIN, 0};
     if (sys::libc.poll(p, k, 0) > 0) continue;
     log::write_line(log::Level::kError,
@@ -1119,9 +1100,10 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       }
       ~Awake() { done(); }
     } awake{set};
-    // streams[0]'s wake fd is in the shadow instance (or in epfd without one);
-    // with every registration resting, the set's poke fd is.
-    SignalWatch::Sleep sleep(mask, streams.empty() ? poke : streams[0]->wake_fd());
+    // The set's poke fd is in the shadow instance: a handler that runs
+    // during the sleep ends it through it (without one, the caught signals
+    // stay blocked until the sleep's mask unblocks them).
+    SignalWatch::Sleep sleep(mask, poke);
     if (signals.check()) return Err(EINTR);
     const sigset_t* sleep_mask = sleep.mask();
     // A stream that changed since collect() looked at it may have found no
@@ -1132,8 +1114,12 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     // A resting registration pushed since the collect: look, do not sleep
     // (pairs with epoll_watch_fired; sleepers was raised above).
     still &= set->pushed.load(std::memory_order_seq_cst) == nullptr;
-    timespec buf, zero{};
+    timespec buf, zero{}, slice{0, kNoWakeSliceMs * 1000000L};
     const timespec* t = still ? dl.left(&buf) : &zero;
+    // Without a poke fd (no fds for the set's own) a push cannot end the
+    // sleep: sleep in slices and look again.
+    if (poke < 0 && !streams.empty() && (!t || t->tv_sec > 0 || t->tv_nsec > slice.tv_nsec))
+      t = &slice;
     int k;
     if (shadow >= 0) {
       pollfd pf[2] = {{epfd, POLLIN, 0}, {shadow, POLLIN, 0}};
@@ -1249,6 +1235,60 @@ void epoll_watch_fired(EpollWatch* w) {
     uint64_t one = 1;
     (void)!sys::libc.write(set->poke_fd, &one, sizeof one);
   }
+}
+
+}  // namespace rsock::socket
+
+namespace rsock::socket {
+
+namespace {
+// Socket::watch_lock: held for a list walk or edit only (no syscall but the
+// pokes of epoll_watch_fired), the innermost lock of all.
+struct WatchLock {
+  explicit WatchLock(Socket* s) : s_(s) {
+    while (s_->watch_lock.exchange(true, std::memory_order_acquire)) {
+      while (s_->watch_lock.load(std::memory_order_relaxed)) {
+      }
+    }
+  }
+  ~WatchLock() { s_->watch_lock.store(false, std::memory_order_release); }
+  WatchLock(const WatchLock&) = delete;
+  WatchLock& operator=(const WatchLock&) = delete;
+  Socket* s_;
+};
+}  // namespace
+
+void socket_link_watch(Socket* s, EpollWatch* w) {
+  WatchLock l(s);
+  if (w->linked) return;
+  w->wnext = s->watches;
+  s->watches = w;
+  w->linked = true;
+}
+
+void socket_unlink_watch(Socket* s, EpollWatch* w) {
+  WatchLock l(s);
+  if (!w->linked) return;
+  for (EpollWatch** p = &s->watches; *p; p = &(*p)->wnext) {
+    if (*p == w) {
+      *p = w->wnext;
+      break;
+    }
+  }
+  w->wnext = nullptr;
+  w->linked = false;
+}
+
+void socket_push_watches(Socket* s, const std::atomic<Socket*>* owner) {
+  if (!s) return;
+  WatchLock l(s);
+  if (owner && owner->load(std::memory_order_relaxed) != s) return;
+  for (EpollWatch* w = s->watches; w; w = w->wnext) epoll_watch_fired(w);
+}
+
+void socket_clear_owner(Socket* s, std::atomic<Socket*>* owner) {
+  WatchLock l(s);
+  owner->store(nullptr, std::memory_order_release);
 }
 
 }  // namespace rsock::socket

@@ -23,6 +23,8 @@
 #include <sys/select.h>
 #include <time.h>
 
+#include <atomic>
+
 #include "util/status.h"
 
 namespace rsock::socket {
@@ -61,11 +63,17 @@ void readiness_after_io(const Socket* s);
 // user space.
 void epoll_take_over(int fd);
 
-// The data path changed the readiness of a stream whose registration rests
-// in an epoll set (Stream::epoll_watch): put it on the set's ready list.
-// Lock-free; called under the stream's lock; a syscall only to wake a
-// thread asleep in that set.
+// A registration's readiness may have changed: put it on its set's ready
+// list. Lock-free; a syscall only to wake a thread asleep in that set (or
+// its monitor).
 struct EpollWatch;
 void epoll_watch_fired(EpollWatch* w);
+// Every user-space epoll registration of s: epoll_watch_fired (under
+// s->watch_lock), if `owner` is null or still names s then (a stream's
+// pointer to its socket, cleared by socket_clear_owner when the socket's
+// last fd closes). Any thread, any lock held.
+void socket_push_watches(Socket* s, const std::atomic<Socket*>* owner = nullptr);
+// Under s->watch_lock: *owner = nullptr (no push through it after this).
+void socket_clear_owner(Socket* s, std::atomic<Socket*>* owner);
 
 }  // namespace rsock::socket

@@ -19,6 +19,7 @@
 namespace rsock::socket {
 
 class Stream;
+struct EpollWatch;
 
 enum class Role : uint8_t {
   kUnknown,    // socket() done, neither listen() nor connect() yet
@@ -97,6 +98,17 @@ class Socket {
   // registration of ours, and the epoll_ctl hook passes straight to the
   // kernel (pass-through cost), unless one exists from before.
   std::atomic<bool> upgrade_decided{false};
+  // Every user-space epoll registration of this socket (readiness.cc),
+  // linked through EpollWatch::wnext under watch_lock (a spin lock, the
+  // innermost of all). Its stream's wake() pushes each onto its set's ready
+  // list (socket_push_watches), so a stream needs no fd of its own in the
+  // sets' shadow instances. Kept here, not in the Stream: a registration
+  // holds a reference to the socket, while the stream may be deleted by the
+  // progress thread once the socket's last fd is closed. (Empty whenever
+  // the socket is free: every registration unlinks itself before it drops
+  // its reference; init() leaves it alone, a late push may hold the lock.)
+  EpollWatch* watches = nullptr;
+  std::atomic<bool> watch_lock{false};
 
  private:
   friend class SocketPool;

@@ -100,7 +100,6 @@ Stream::Stream(int tcp_fd, bool client, const sockaddr_storage& local,
     : tcp_fd_(tcp_fd), tcp_fd_pub_(tcp_fd), client_(client), local_(local), peer_(peer),
       slot_(slot) {
   g_streams_alive.fetch_add(1, std::memory_order_relaxed);
-  wake_fd_ = sys::own_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   my_cookie_ = random_cookie();
   born_ns_ = now_ns();
   deadline_ns_ = born_ns_ + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
@@ -117,7 +116,7 @@ Stream::~Stream() {
   stats::close_conn(slot_);
   Backlog::release(std::exchange(backlog_, nullptr));
   unwatch_tcp_locked();  // (nobody else can reach the stream now)
-  sys::close_owned(wake_fd_);
+  sys::close_owned(wake_fd_.load(std::memory_order_relaxed));
   // Our dup, if the application closed its number: the kernel's FIN (or
   // RST) now. Never the application's own number (a stream deleted while
   // the application holds it: one that failed to start).
@@ -138,13 +137,40 @@ Stream::Scratch::Scratch(Stream& s) : s_(s) {
 
 void Stream::consume_wake() {
   uint64_t v;
-  (void)!sys::libc.read(wake_fd_, &v, sizeof v);
+  if (int fd = wake_fd_.load(std::memory_order_acquire); fd >= 0)
+    (void)!sys::libc.read(fd, &v, sizeof v);
+}
+
+int Stream::wake_fd() {
+  if (int fd = wake_fd_.load(std::memory_order_acquire); fd >= 0) return fd;
+  std::lock_guard lk(mu_);
+  return wake_fd_locked();
+}
+
+int Stream::wake_fd_locked() {
+  int fd = wake_fd_.load(std::memory_order_relaxed);
+  if (fd >= 0) return fd;
+  fd = sys::own_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  // seq_cst: a wake() whose generation bump the sleeper's check does not
+  // see reads this store (wake(): bump, then load).
+  if (fd >= 0) wake_fd_.store(fd, std::memory_order_seq_cst);
+  return fd;
 }
 
 void Stream::wake() {
-  gen_.fetch_add(1, std::memory_order_acq_rel);
+  gen_.fetch_add(1, std::memory_order_seq_cst);
   uint64_t one = 1;
-  (void)!sys::libc.write(wake_fd_, &one, sizeof one);
+  if (int fd = wake_fd_.load(std::memory_order_seq_cst); fd >= 0)
+    (void)!sys::libc.write(fd, &one, sizeof one);
+  // Every epoll registration of the socket: its set looks again.
+  if (Socket* s = owner_.load(std::memory_order_acquire)) socket_push_watches(s, &owner_);
+}
+
+void Stream::release_owner() {
+  Socket* s = owner_.load(std::memory_order_acquire);
+  if (!s) return;
+  socket_push_watches(s, &owner_);  // the sets drop them (names() == 0)
+  socket_clear_owner(s, &owner_);
 }
 
 void Stream::set_phase(Phase p) {
@@ -829,11 +855,11 @@ void Stream::announce_locked() {
   gen_.fetch_add(1, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) {
     uint64_t one = 1;
-    (void)!sys::libc.write(wake_fd_, &one, sizeof one);
+    if (int fd = wake_fd_.load(std::memory_order_seq_cst); fd >= 0)
+      (void)!sys::libc.write(fd, &one, sizeof one);
   }
-  // A registration resting in an epoll set learns of it through its set's
-  // ready list (it has no sleeper here: see epoll_watch_fired).
-  if (EpollWatch* w = epoll_watch_.load(std::memory_order_acquire)) epoll_watch_fired(w);
+  // Epoll registrations learn of it through their sets' ready lists.
+  if (Socket* s = owner_.load(std::memory_order_acquire)) socket_push_watches(s, &owner_);
 }
 
 // Under cm_hub::mu(), which allows no blocking lock: a completion event of
@@ -851,16 +877,6 @@ void Stream::completion_event() {
   }
 }
 
-void Stream::set_epoll_watch(EpollWatch* w) {
-  std::lock_guard lk(mu_);
-  epoll_watch_.store(w, std::memory_order_release);
-}
-
-void Stream::clear_epoll_watch(EpollWatch* w) {
-  std::lock_guard lk(mu_);
-  if (epoll_watch_.load(std::memory_order_relaxed) == w)
-    epoll_watch_.store(nullptr, std::memory_order_release);
-}
 
 // One step of everything that can progress without blocking. Returns true on
 // a change waiters care about (phase, new data, new room, error).
@@ -1334,10 +1350,8 @@ void Stream::begin_close() {
 void Stream::orphan() {
   std::lock_guard lk(mu_);
   orphaned_ = true;
-  // No data path any more: nothing to push, and the registration may be
-  // freed without looking at this stream (readiness.cc unwatch). Nobody
-  // waits in an epoll set for it either.
-  epoll_watch_.store(nullptr, std::memory_order_release);
+  // (socket_released called release_owner() first: no epoll registration is
+  // pushed from now on, and nobody waits in an epoll set for it.)
   if (!tcp_owned_.load(std::memory_order_relaxed) && tcp_fd_ >= 0) {
     // The number was closed where no hook saw it (a raw syscall): it may
     // name another file by now, so it is not used again.

@@ -54,6 +54,10 @@ enum class RevertMode : uint8_t {
 };
 const char* phase_name(Phase p);
 
+// A sleeper without a wake fd (none could be created) sleeps at most this
+// long before it looks again.
+inline constexpr int kNoWakeSliceMs = 10;
+
 // Pseudo-errno of a call made while the stream stopped governing the socket
 // (it fell back to plain TCP): the caller redoes the call on the kernel.
 inline constexpr int kRedoPlain = 1000;
@@ -237,9 +241,13 @@ class Stream {
   // tcp_hub, under cm_hub::mu(): the TCP socket fired `events`.
   void tcp_event(uint32_t events);
   stats::ConnSlot* slot() const { return slot_; }
-  void wake();              // pokes waiters (wake_fd_)
+  void wake();              // pokes waiters (wake_fd_, epoll registrations)
   void completion_event();  // cq_hub: pokes only the waiters that need it
-  int wake_fd() const { return wake_fd_; }
+  // The eventfd that blocking calls and the poll/select emulation sleep on,
+  // created at the first such sleep (a program that only uses epoll never
+  // has one: issue 11, no library fd per connection); -1 if it could not
+  // be created (the sleeper then sleeps in short slices).
+  int wake_fd();
   void consume_wake();      // clears wake_fd_ before readiness is recomputed
   // Bumped on every change waiters care about.
   uint64_t generation() const { return gen_.load(std::memory_order_seq_cst); }
@@ -262,16 +270,14 @@ class Stream {
   }
   void sleep_end() { sleepers_.fetch_sub(1, std::memory_order_acq_rel); }
 
-  // epoll's ready list (readiness.cc): the one registration of this stream
-  // that may rest between epoll_waits, pushed onto its set's ready list
-  // whenever the data path changes readiness in passing (advance_inline),
-  // without a syscall unless a thread sleeps in that set. Set and cleared
-  // under mu_ (callers hold the set's lock, which comes first), so a push,
-  // which runs under mu_, never meets a registration being freed.
-  EpollWatch* epoll_watch() const { return epoll_watch_.load(std::memory_order_acquire); }
-  void set_epoll_watch(EpollWatch* w);
-  // Clears it if it is `w`.
-  void clear_epoll_watch(EpollWatch* w);
+  // epoll's ready lists (readiness.cc): every user-space registration of
+  // the socket is in the socket's list (Socket::watches); wake() and the
+  // data path's announce push them all onto their sets' ready lists, without
+  // a syscall unless a thread sleeps in such a set. `s` is the socket while
+  // an application fd names it; release_owner() (the last fd closed) pushes
+  // once more, so the sets drop the registrations, and stops the pushes.
+  void set_owner(Socket* s) { owner_.store(s, std::memory_order_release); }
+  void release_owner();
 
  private:
   // Under mu_:
@@ -367,7 +373,7 @@ class Stream {
   std::atomic<uint64_t> tx_gen_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> start_requested_{false};
-  std::atomic<EpollWatch*> epoll_watch_{nullptr};
+  std::atomic<Socket*> owner_{nullptr};
   // The kernel socket (tcp_fd()): the application's number, or our own dup
   // once tcp_owned_; -1 once aborted. Written under mu_ (and the progress
   // thread's registry lock, for its idle-TCP watch); tcp_fd_pub_ is the
@@ -385,7 +391,10 @@ class Stream {
   // Under mu_: whether data may come over TCP (the tcp_hub entry is wanted).
   bool tcp_hub_wanted() const;
   void unwatch_tcp_locked();
-  int wake_fd_ = -1;   // eventfd, readable when waiters must re-check
+  // eventfd, readable when sleepers must re-check; -1 until the first sleep
+  // that needs it (wake_fd(), under mu_).
+  std::atomic<int> wake_fd_{-1};
+  int wake_fd_locked();
   const bool client_;
   sockaddr_storage local_{}, peer_{};
   stats::ConnSlot* slot_;

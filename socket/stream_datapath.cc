@@ -472,8 +472,8 @@ short Stream::peek_events(short interest) {
 
 int Stream::wait_fds(short interest, pollfd* out) {
   int n = 0;
-  out[n++] = {wake_fd_, POLLIN, 0};
   std::lock_guard lk(mu_);
+  out[n++] = {wake_fd_locked(), POLLIN, 0};
   bool tcp = tcp_rx_open() || tcp_tx_open() ||
              (phase() == Phase::kSwitching && (offer_rcvd_ || ready_rcvd_));
   if (phase() == Phase::kReverting && tcp_fd_ >= 0) {
@@ -508,13 +508,16 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals) {
   pollfd fds[3];
   int n = wait_fds(interest, fds);
   uint64_t drain;
-  (void)!sys::libc.read(wake_fd_, &drain, sizeof drain);  // consume old pokes first
+  if (fds[0].fd >= 0) (void)!sys::libc.read(fds[0].fd, &drain, sizeof drain);  // consume old pokes first
   // Re-check after consuming: a poke between the caller's attempt and now
   // must not be lost.
   uint64_t seen = generation();
   short ev = poll_events(interest);
   if (ev < 0 || (ev & (interest | POLLERR | POLLHUP))) return 0;
   int err = 0;
+  // Without a wake fd (none could be created) nothing would end the sleep
+  // for a change here: sleep in slices and look again.
+  if (fds[0].fd < 0 && (timeout_ms < 0 || timeout_ms > kNoWakeSliceMs)) timeout_ms = kNoWakeSliceMs;
   if (sleep_begin(seen)) err = restartable_poll(fds, nfds_t(n), timeout_ms, signals);
   sleep_end();
   // Woken by the completion hub: the event is read by the next progress()
