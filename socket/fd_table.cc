@@ -77,6 +77,9 @@ void FdTable::install(int fd, Socket* s) {
   }
   s->ref();
   s->add_name();
+  for (int m = max_fd_.load(std::memory_order_relaxed);
+       fd > m && !max_fd_.compare_exchange_weak(m, fd, std::memory_order_relaxed);) {
+  }
   if (Socket* old = slots_[fd].exchange(s, std::memory_order_acq_rel)) {
     old->drop_name();
     old->unref();
@@ -88,6 +91,13 @@ SocketRef FdTable::remove(int fd) {
   Socket* old = slots_[fd].exchange(nullptr, std::memory_order_acq_rel);
   if (old) old->drop_name();
   return SocketRef(old);
+}
+
+void FdTable::reset_watch_locks_after_fork() {
+  int top = max_fd_.load(std::memory_order_relaxed);
+  for (int fd = 0; fd <= top && size_t(fd) < capacity_; fd++)
+    if (Socket* s = slots_[fd].load(std::memory_order_relaxed))
+      s->watch_lock.store(false, std::memory_order_relaxed);
 }
 
 int FdTable::next_tracked(unsigned lo, unsigned hi) const {

@@ -68,6 +68,10 @@ class FdTable {
   void remove_range(unsigned lo, unsigned hi);
   // The lowest tracked fd in [lo, hi] (clamped), or -1.
   int next_tracked(unsigned lo, unsigned hi) const;
+  // In a fork child: every tracked socket's watch_lock is free again (a
+  // thread of the parent may have held one at the fork). Scans up to the
+  // highest fd ever installed.
+  void reset_watch_locks_after_fork();
 
   size_t capacity() const { return capacity_; }
 
@@ -76,6 +80,7 @@ class FdTable {
   static std::atomic<FdTable*> g_table;
   std::atomic<Socket*>* slots_;
   size_t capacity_;
+  std::atomic<int> max_fd_{-1};  // the highest fd ever installed
 };
 
 // Convenience for hooks: lookup that costs one load when nothing is tracked.

@@ -148,8 +148,13 @@ void before_fork() {
 }
 
 void after_fork(bool child) {
-  if (child) transport::fork_guard::reinit_child();
-  else transport::fork_guard::unlock_parent();
+  if (child) {
+    transport::fork_guard::reinit_child();
+    // A parent thread may have held a socket's watch_lock at the fork.
+    if (FdTable* t = FdTable::get_if_exists()) t->reset_watch_locks_after_fork();
+  } else {
+    transport::fork_guard::unlock_parent();
+  }
   g_pool.unlock();
 }
 
