@@ -91,3 +91,26 @@ TEST_CASE("fd table: lookups race with install/remove without use-after-free") {
   CHECK_FALSE(t->lookup(kFd));
   MESSAGE("successful racing lookups: " << hits.load());
 }
+
+TEST_CASE("fd table: next_tracked finds the tracked fds of a range (close_range, fd_closing)") {
+  FdTable* t = FdTable::get_or_create();
+  REQUIRE(t);
+  Socket* s = new_socket(AF_INET, Role::kClient, false);
+  REQUIRE(s);
+  t->install(1200, s);
+  t->install(1300, s);
+  CHECK(t->next_tracked(1100, 1250) == 1200);
+  CHECK(t->next_tracked(1200, 1200) == 1200);
+  CHECK(t->next_tracked(1201, 1299) == -1);
+  CHECK(t->next_tracked(1201, 1300) == 1300);
+  CHECK(t->next_tracked(1301, 1200) == -1);  // an empty range
+  CHECK(t->next_tracked(unsigned(t->capacity()), ~0u) == -1);
+  // A fork child frees every tracked socket's watch lock (a parent thread
+  // may have held one at the fork: its pushes would spin forever).
+  s->watch_lock.store(true);
+  t->reset_watch_locks_after_fork();
+  CHECK_FALSE(s->watch_lock.load());
+  s->unref();
+  t->remove_range(1200, 1300);
+  CHECK(t->next_tracked(1100, 1400) == -1);
+}
