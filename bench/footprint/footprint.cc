@@ -101,9 +101,14 @@ int main(int argc, char** argv) {
     if (s < 0) die("accept");
     socks.push_back(c);
     socks.push_back(s);
+    // Progress on stderr (bench/footprint/run drops it): where a large run
+    // spends its time.
+    if ((i + 1) % 1000 == 0)
+      fprintf(stderr, "footprint: %d connections after %.1f s\n", i + 1, now_s() - t0);
   }
   bool preloaded = transport(socks[0]) >= 0;
   int on_rdma = 0;
+  double next_report = now_s() + 10;
   for (double end = now_s() + 600; preloaded;) {
     on_rdma = 0;
     int busy = 0;
@@ -113,6 +118,11 @@ int main(int argc, char** argv) {
       busy += t == RSOCK_TRANSPORT_UPGRADING;
     }
     if (!busy || now_s() > end) break;
+    if (now_s() > next_report) {
+      fprintf(stderr, "footprint: %d sockets on RDMA, %d upgrading after %.1f s\n", on_rdma, busy,
+              now_s() - t0);
+      next_report = now_s() + 10;
+    }
     usleep(10000);
   }
   double setup = now_s() - t0;
