@@ -761,13 +761,17 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
       continue;
     }
     if (r.parked) {
-      // Something fired for it, or it fell back: delete it for real.
+      // It fell back: delete it for real (a re-ADD goes to the kernel).
       Stream* pst = r.sock->stream();
-      if (r.fired || !pst || !pst->governs()) {
+      if (!pst || !pst->governs()) {
         drop(set, epfd, index_of(set, &r));
         continue;
       }
-      // Rests: a firing or a fallback (its wake fd) brings it back.
+      // Rests: a push (its stream changed, fell back, or its socket's last
+      // fd closed) brings it back to be looked at. A parked registration
+      // holds no fd, so the data path's pushes do not delete it: the
+      // re-ADD that event loops do per request stays free of syscalls.
+      r.fired = 0;
       if (full && set->poke_fd >= 0) set->visit.erase(set->visit.iterator_to(r));
       continue;
     }
