@@ -256,6 +256,7 @@ bool ensure_thread() {
     if (sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, transport::cm_hub::fd(), &ev) == 0)
       transport::cm_hub::set_serviced(true);
   }
+
   // The thread must not keep a process alive nor receive its signals.
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -1250,6 +1251,7 @@ void progress_before_fork() {
   g_loop_mu.lock();
   g_hub_serviced_before_fork = transport::cm_hub::serviced();
   transport::cm_hub::set_serviced(false);
+
   // Held across fork(): no stream can be created or start its rendezvous
   // meanwhile. An upgrade still pending now would be completed by one process
   // while both own the TCP stream, so those stay on TCP, in both processes.

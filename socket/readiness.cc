@@ -61,6 +61,13 @@ struct Deadline {
   uint64_t end = 0;  // set by the first left()
 };
 
+// A sleep that nothing of ours can end early (no wake or poke fd): at most
+// kNoWakeSliceMs, then the caller looks again. t may be null (forever).
+const timespec* at_most_slice(const timespec* t) {
+  static constexpr timespec kSlice{0, kNoWakeSliceMs * 1000000L};
+  return !t || t->tv_sec > 0 || t->tv_nsec > kSlice.tv_nsec ? &kSlice : t;
+}
+
 bool valid(const timespec* t) {
   return !t || (t->tv_sec >= 0 && t->tv_nsec >= 0 && t->tv_nsec < 1000000000);
 }
@@ -209,9 +216,9 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
       }
       still &= streams[i]->sleep_begin(seen[i]);
     }
-    timespec buf, zero{}, slice{0, kNoWakeSliceMs * 1000000L};
+    timespec buf, zero{};
     const timespec* left = still ? dl.left(&buf) : &zero;
-    if (no_wake && (!left || left->tv_sec > 0 || left->tv_nsec > slice.tv_nsec)) left = &slice;
+    if (no_wake) left = at_most_slice(left);
     int r = sys::libc.ppoll(wait.data(), wait.size(), left, sleep.mask());
     int err = errno;
     for (nfds_t i = 0; i < n; i++)
@@ -310,7 +317,8 @@ struct Reg {
   bool disarmed = false; // EPOLLONESHOT fired, waiting for EPOLL_CTL_MOD
   // Deleted by the application, still in the set: event loops (redis's ae,
   // libevent) delete and re-add a socket per request, and a re-ADD of the
-  // same socket revives it as it was. Anything pushed for it drops it.
+  // same socket revives it as it was. It is deleted for real if its socket
+  // falls back or closes (collect looks when a push brings it).
   bool parked = false;
   // (No fd of the stream's is in the shadow: its changes push `watch`, which
   // is in the socket's list while the registration is in user space. The
@@ -337,9 +345,10 @@ using RegIndex = bi::multiset<Reg, bi::member_hook<Reg, decltype(Reg::key_hook),
                               bi::key_of_value<RegKey>, bi::constant_time_size<false>>;
 
 // The kernel instance (the application's epfd) holds the kernel-side
-// registrations and ready_fd; librsock's internal fds (the streams' wake and
-// connection fds) live in a private `shadow` instance, so that internal
-// activity never makes the application's epfd look readable. ready_fd is
+// registrations and ready_fd; librsock's internal fds (the set's poke fd,
+// the completion hub and the tcp_hub) live in a private `shadow` instance,
+// so that internal activity never makes the application's epfd look
+// readable. ready_fd is
 // readable exactly while user-space registrations have events due, so a
 // poll() of the epfd, or an outer epoll holding it, sees the right answer.
 // Who keeps ready_fd current: every collect(); stream I/O through the hooks
@@ -350,16 +359,15 @@ using RegIndex = bi::multiset<Reg, bi::member_hook<Reg, decltype(Reg::key_hook),
 // epoll_wait costs what is ready, not what is registered. A registration
 // leaves `visit` (rests) only when nothing can change it unseen: its stream
 // is on RDMA, nothing fired or is due, no one else looked at the stream since
-// (generation), it is in no other set, and the stream names it as its
-// `epoll_watch`. It comes back when an internal fd fires (drain_shadow: the
-// shadow entry names it), when the data path changes its stream in passing
-// (epoll_watch_fired pushes it on `pushed`, lock-free), or when the
-// application touches it (EPOLL_CTL_*), and whatever else changes a stream
-// (phase, fallback, close) wakes it through its wake fd, which is in the
-// shadow. A thread asleep in the set is woken by a push through `poke_fd`.
+// (generation), and it is in no other set. It comes back when its stream
+// changes (the data path's announce, wake() for phase, fallback, close, and
+// the hubs' events: each pushes every registration of the socket on
+// `pushed`, lock-free, Socket::watches), or when the application touches it
+// (EPOLL_CTL_*). A thread asleep in the set is woken by a push through
+// `poke_fd`.
 struct EpollSet {
   std::mutex mu;
-  // Stable addresses: the shadow's events point at their Reg.
+  // Stable addresses: a registration's EpollWatch is in its socket's list.
   // Unordered (a drop moves the last one into the hole); Reg::idx is each
   // one's slot.
   std::vector<std::unique_ptr<Reg>> regs;
@@ -374,7 +382,6 @@ struct EpollSet {
   bool ready_set = false;
   bool due_unsignalled = false;  // user events due, ready_fd not set (set_ready)
   std::atomic<int> sleepers{0};  // threads asleep in an emulated epoll_wait on it
-  int internal_fds = 0;          // entries in the shadow instance
   int hub_target = -1;           // where the completion hub's fd is (shadow or epfd)
   int hub_fd = -1;               // ... and which fd it was (cq_hub::fd() can change)
   int tcp_hub_fd = -1;           // the tcp_hub's fd in the shadow (kTcpHub), or -1
@@ -432,12 +439,11 @@ EpollSet* set_for(int epfd) {
 
 void monitor(void* arg);
 
-// Shadow entries carry (Reg address) | kind; the set's poke fd has no Reg.
-// The completion hub (transport/cq_hub.h) has no Reg: whoever harvests it
-// polls the hub, which pokes the wake fds of the streams it has events for.
-// Nor has the tcp_hub (socket/tcp_hub.h): its events poke wake fds too.
-constexpr uint64_t kWake = 0, kHub = 1, kTcpHub = 2, kPoke = 3, kKindMask = 3;
-static_assert(alignof(Reg) > kKindMask);
+// What a shadow entry is (its epoll data): the set's poke fd (a push), or a
+// hub: the completion hub (transport/cq_hub.h) or the tcp_hub
+// (socket/tcp_hub.h), whose events, once whoever harvests it polls the hub,
+// push the registrations of the streams concerned.
+constexpr uint64_t kHub = 1, kTcpHub = 2, kPoke = 3;
 
 // Under set->mu: r goes on the ready list (if not there yet).
 void visit(EpollSet* set, Reg& r) {
@@ -485,7 +491,6 @@ void ensure_hub(EpollSet* set, int epfd) {
   if ((target == set->hub_target && hub == set->hub_fd) || hub < 0 || target < 0) return;
   if (set->hub_target >= 0) {
     sys::libc.epoll_ctl(set->hub_target, EPOLL_CTL_DEL, set->hub_fd, nullptr);
-    if (set->hub_target == set->shadow) set->internal_fds--;
   }
   set->hub_target = set->hub_fd = -1;
   epoll_event ev{};
@@ -494,7 +499,6 @@ void ensure_hub(EpollSet* set, int epfd) {
   if (sys::libc.epoll_ctl(target, EPOLL_CTL_ADD, hub, &ev) == 0) {
     set->hub_target = target;
     set->hub_fd = hub;
-    if (target == set->shadow) set->internal_fds++;
   }
 }
 
@@ -506,64 +510,33 @@ void ensure_hub(EpollSet* set, int epfd) {
 void ensure_tcp_hub(EpollSet* set) {
   int hub = tcp_hub::fd();
   if (set->shadow < 0 || hub < 0 || hub == set->tcp_hub_fd) return;
-  if (set->tcp_hub_fd >= 0 &&
-      sys::libc.epoll_ctl(set->shadow, EPOLL_CTL_DEL, set->tcp_hub_fd, nullptr) == 0)
-    set->internal_fds--;
-  set->tcp_hub_fd = -1;
+  if (set->tcp_hub_fd >= 0)
+    sys::libc.epoll_ctl(set->shadow, EPOLL_CTL_DEL, set->tcp_hub_fd, nullptr);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kTcpHub;
-  if (sys::libc.epoll_ctl(set->shadow, EPOLL_CTL_ADD, hub, &ev) == 0) {
-    set->tcp_hub_fd = hub;
-    set->internal_fds++;
-  }
+  set->tcp_hub_fd = sys::libc.epoll_ctl(set->shadow, EPOLL_CTL_ADD, hub, &ev) == 0 ? hub : -1;
 }
 
-// Under set->mu: which registrations' internal fds fired since last time.
-// This is the set's ready list: collect() evaluates only those (plus the
-// level-triggered ones that were due, and any it cannot track), so a wait
-// costs one syscall here instead of one or two per upgraded socket.
-// Bounded: one pass over the entries the shadow holds. A firing that comes in
-// meanwhile is harvested by the next call (the shadow stays readable for it).
+// Under set->mu: reads the hubs whose fds fired in the shadow. Their events,
+// like every change of a stream, push its registrations onto the set's
+// ready list (take_pushed), which is what collect() evaluates.
 void drain_shadow(EpollSet* set) {
   if (set->shadow < 0) return;
-  epoll_event evs[64];
-  int budget = set->internal_fds;
-  int hub_rounds = 0;
-  for (;;) {
-    int k = sys::libc.epoll_wait(set->shadow, evs, 64, 0);
-    bool hub = false, tcp = false;
-    for (int i = 0; i < k; i++) {
-      uint64_t kind = evs[i].data.u64 & kKindMask;
-      if (kind == kPoke) continue;  // a push: take_pushed() has it
-      if (kind == kHub) {
-        hub = true;
-        continue;
-      }
-      if (kind == kTcpHub) {
-        tcp = true;
-        continue;
-      }
-      Reg& r = *reinterpret_cast<Reg*>(evs[i].data.u64 & ~kKindMask);
-      r.dirty = true;
-      visit(set, r);
-      r.fired |= kFiredWake;
-    }
-    budget -= k;
-    // A hub's events poke wake fds (ours among them): harvest those too. (A
-    // few rounds at most: what keeps coming meanwhile leaves a hub readable
-    // for the next call.)
-    if ((hub || tcp) && hub_rounds++ < 4) {
-      if (hub) transport::cq_hub::poll();
-      if (tcp) tcp_hub::poll();
-      continue;
-    }
-    if (k < 64 || budget <= 0) break;
+  // Three entries at most: the poke fd (a push: take_pushed() has it) and
+  // the two hubs, whose events push the registrations concerned. A hub with
+  // more events than one poll reads stays readable (level-triggered) for the
+  // next call.
+  epoll_event evs[4];
+  int k = sys::libc.epoll_wait(set->shadow, evs, 4, 0);
+  for (int i = 0; i < k; i++) {
+    if (evs[i].data.u64 == kHub) transport::cq_hub::poll();
+    if (evs[i].data.u64 == kTcpHub) tcp_hub::poll();
   }
 }
 
 // Under set->mu: the registrations pushed since go back on `visit`, marked
-// as fired (a push is what a wake fd's firing was: a parked one is dropped).
+// as fired (their stream changed).
 void take_pushed(EpollSet* set) {
   EpollWatch* w = set->pushed.exchange(nullptr, std::memory_order_acq_rel);
   while (w) {
@@ -603,7 +576,7 @@ void set_ready(EpollSet* set, bool due) {
 }
 
 // Under set->mu: the registration moves to user space (its socket upgraded).
-void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
+void to_user(EpollSet* set, int epfd, Reg& r) {
   sys::libc.epoll_ctl(epfd, EPOLL_CTL_DEL, r.fd, nullptr);
   ensure_aux(set, epfd);
   r.user = true;
@@ -619,7 +592,6 @@ void to_user(EpollSet* set, int epfd, Reg& r, Stream* st) {
   // Every change of the stream pushes r from now on (Stream::wake and
   // announce): the stream has no fd of its own in the shadow.
   socket_link_watch(r.sock, &r.watch);
-  (void)st;
   ensure_hub(set, epfd);
 }
 
@@ -780,7 +752,7 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
     if (r.user && !st) {
       to_kernel(set, epfd, r);
     } else if (!r.user && st) {
-      to_user(set, epfd, r, st);
+      to_user(set, epfd, r);
     }
     if (r.user && st) {
       if (streams) streams->push_back(st);
@@ -792,8 +764,8 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
         st->watch_tcp();
         ensure_tcp_hub(set);
       }
-      // Skipped only when nothing can have changed: on RDMA, no internal fd
-      // fired (events nobody processed yet), the stream's generation is the
+      // Skipped only when nothing can have changed: on RDMA, not pushed
+      // (events nobody processed yet), the stream's generation is the
       // one we evaluated (nobody else processed any), and it was not due
       // (level-triggered readiness ends only by the application's own I/O).
       bool look = !full || set->shadow < 0 || r.dirty || r.due_last || !on_rdma ||
@@ -903,8 +875,8 @@ void refresh(EpollSet* set, bool full) {
 // sleeps in the set: the invariant whose violation is a lost readiness. A
 // live level-triggered registration whose socket is ready in user space must
 // have been reported by the collect() that preceded the sleep; if it is ready
-// now, something must be pending that ends the sleep at once (one of its
-// internal fds readable, or a firing not harvested from the shadow yet).
+// now, something must be pending that ends the sleep at once (a push not
+// taken yet, or the shadow readable).
 // Otherwise the thread would sleep over it, possibly forever. Aborts with a
 // message naming the socket: a test then fails at the cause, not at a hang.
 void check_before_sleep(EpollSet* set, int epfd) {
@@ -918,12 +890,9 @@ void check_before_sleep(EpollSet* set, int epfd) {
     short interest = to_poll(r.events);
     short ev = st->peek_events(interest);
     if (ev <= 0 || !(ev & short(interest | POLLHUP | POLLERR))) continue;
-    pollfd p[3];
-    nfds_t k = 0;
     if (set->pushed.load(std::memory_order_acquire)) continue;  // a push ends the sleep
-    for (int fd : {set->shadow})
-      if (fd >= 0) p[k++] = {fd, POLLIN, 0};
-    if (sys::libc.poll(p, k, 0) > 0) continue;
+    pollfd p{set->shadow, POLLIN, 0};
+    if (set->shadow >= 0 && sys::libc.poll(&p, 1, 0) > 0) continue;
     log::write_line(log::Level::kError,
                     "invariant violated: epoll %d is about to sleep while fd %d (%s) has events "
                     "0x%x due (interest 0x%x) and nothing pending would wake it: lost readiness",
@@ -1007,7 +976,7 @@ Status<int> epoll_ctl_tracked(int epfd, int op, int fd, epoll_event* ev) {
     s->epoll_regs.fetch_add(1, std::memory_order_acq_rel);
     add_reg(set, std::move(reg));
     visit(set, *set->regs.back());
-    if (Stream* st = governing_stream(s)) to_user(set, epfd, *set->regs.back(), st);
+    if (governing_stream(s)) to_user(set, epfd, *set->regs.back());
   } else if (r && op == EPOLL_CTL_DEL) {
     drop(set, epfd, index_of(set, r));
   } else if (r && op == EPOLL_CTL_MOD) {
@@ -1118,12 +1087,11 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     // A resting registration pushed since the collect: look, do not sleep
     // (pairs with epoll_watch_fired; sleepers was raised above).
     still &= set->pushed.load(std::memory_order_seq_cst) == nullptr;
-    timespec buf, zero{}, slice{0, kNoWakeSliceMs * 1000000L};
+    timespec buf, zero{};
     const timespec* t = still ? dl.left(&buf) : &zero;
     // Without a poke fd (no fds for the set's own) a push cannot end the
     // sleep: sleep in slices and look again.
-    if (poke < 0 && !streams.empty() && (!t || t->tv_sec > 0 || t->tv_nsec > slice.tv_nsec))
-      t = &slice;
+    if (poke < 0 && !streams.empty()) t = at_most_slice(t);
     int k;
     if (shadow >= 0) {
       pollfd pf[2] = {{epfd, POLLIN, 0}, {shadow, POLLIN, 0}};
@@ -1179,7 +1147,6 @@ void epoll_fd_closed(int fd) {
     sys::close_owned(set->ready_fd);
     sys::close_owned(set->poke_fd);
     set->shadow = set->ready_fd = set->poke_fd = -1;
-    set->internal_fds = 0;
     set->ready_set = false;
   }
   set->hub_target = set->hub_fd = -1;  // (its entry went with the instance)
@@ -1217,7 +1184,7 @@ void epoll_take_over(int fd) {
   for (auto& [epfd, set] : g_all) {
     std::lock_guard lk(set->mu);
     Reg* r = find(set, fd);
-    if (r && !r->user && r->sock == s.get()) to_user(set, epfd, *r, st);
+    if (r && !r->user && r->sock == s.get()) to_user(set, epfd, *r);
   }
   st->wake();  // a waiter already asleep in one of those sets re-collects
 }
@@ -1284,7 +1251,9 @@ void socket_unlink_watch(Socket* s, EpollWatch* w) {
 }
 
 void socket_push_watches(Socket* s, const std::atomic<Socket*>* owner) {
-  if (!s) return;
+  // No user-space registration (a program without epoll): no lock either.
+  // (to_user counts one before it links it, and evaluates it anyway.)
+  if (!s || s->epoll_users.load(std::memory_order_acquire) == 0) return;
   WatchLock l(s);
   if (owner && owner->load(std::memory_order_relaxed) != s) return;
   for (EpollWatch* w = s->watches; w; w = w->wnext) epoll_watch_fired(w);

@@ -162,6 +162,10 @@ void Stream::wake() {
   uint64_t one = 1;
   if (int fd = wake_fd_.load(std::memory_order_seq_cst); fd >= 0)
     (void)!sys::libc.write(fd, &one, sizeof one);
+  push_watches();
+}
+
+void Stream::push_watches() {
   // Every epoll registration of the socket: its set looks again.
   if (Socket* s = owner_.load(std::memory_order_acquire)) socket_push_watches(s, &owner_);
 }
@@ -188,31 +192,28 @@ bool Stream::tcp_hub_wanted() const {
 }
 
 void Stream::watch_tcp() {
-  if (hub_watched_.load(std::memory_order_acquire)) return;
+  if (hub_fd_.load(std::memory_order_acquire) >= 0) return;
   std::lock_guard lk(mu_);
-  if (hub_fd_ >= 0 || !tcp_hub_wanted()) return;
+  if (hub_fd_.load(std::memory_order_relaxed) >= 0 || !tcp_hub_wanted()) return;
   std::lock_guard hl(transport::cm_hub::mu());
-  if (tcp_hub::add_locked(tcp_fd_, this)) {
-    hub_fd_ = tcp_fd_;
-    hub_watched_.store(true, std::memory_order_release);
-  }
+  if (tcp_hub::add_locked(tcp_fd_, this)) hub_fd_.store(tcp_fd_, std::memory_order_release);
 }
 
 void Stream::unwatch_tcp_locked() {
-  if (hub_fd_ < 0) return;
+  int fd = hub_fd_.load(std::memory_order_relaxed);
+  if (fd < 0) return;
   std::lock_guard hl(transport::cm_hub::mu());
-  tcp_hub::del_locked(hub_fd_);
-  hub_fd_ = -1;
-  hub_watched_.store(false, std::memory_order_release);
+  tcp_hub::del_locked(fd);
+  hub_fd_.store(-1, std::memory_order_release);
 }
 
-// Under cm_hub::mu() (no blocking lock, no mu_): the waiters look again. The
-// stream's wake fd reaches every epoll set holding one of its registrations,
-// whichever thread read the hub; new send room on TCP counts for
-// edge-triggered EPOLLOUT as room on RDMA does.
+// Under cm_hub::mu() (no blocking lock): the waiters look again, whichever
+// thread read the hub (its epoll sets through the pushes; a blocking sleeper
+// polls the TCP fd itself). New send room on TCP counts for edge-triggered
+// EPOLLOUT as room on RDMA does.
 void Stream::tcp_event(uint32_t events) {
   if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) tx_gen_.fetch_add(1, std::memory_order_acq_rel);
-  wake();
+  announce();
 }
 
 bool Stream::retire_fd(int fd) {
@@ -237,15 +238,10 @@ bool Stream::retire_fd(int fd) {
     set_tcp_fd(-1, false);
     return true;
   }
-  if (hub_fd_ >= 0) {
+  if (int h = hub_fd_.load(std::memory_order_relaxed); h >= 0) {
     std::lock_guard hl(transport::cm_hub::mu());
-    tcp_hub::del_locked(hub_fd_);
-    if (tcp_hub::add_locked(d, this)) {
-      hub_fd_ = d;
-    } else {
-      hub_fd_ = -1;
-      hub_watched_.store(false, std::memory_order_release);
-    }
+    tcp_hub::del_locked(h);
+    hub_fd_.store(tcp_hub::add_locked(d, this) ? d : -1, std::memory_order_release);
   }
   set_tcp_fd(d, true);
   return true;
@@ -844,12 +840,12 @@ bool Stream::advance(bool block) {
 }
 
 void Stream::advance_inline(bool full) {
-  if (advance_locked(full)) announce_locked();
+  if (advance_locked(full)) announce();
 }
 
-// Under mu_: a change in passing (no wake() for it): only the waiters that
-// need it are poked.
-void Stream::announce_locked() {
+// A change in passing (no wake() for it): only the waiters that need it are
+// poked. Needs no lock (the pushes take the socket's watch_lock).
+void Stream::announce() {
   // seq_cst pairs with sleep_begin(): either this sees the sleeper and
   // pokes it, or the sleeper sees the new generation and does not sleep.
   gen_.fetch_add(1, std::memory_order_seq_cst);
@@ -859,23 +855,14 @@ void Stream::announce_locked() {
       (void)!sys::libc.write(fd, &one, sizeof one);
   }
   // Epoll registrations learn of it through their sets' ready lists.
-  if (Socket* s = owner_.load(std::memory_order_acquire)) socket_push_watches(s, &owner_);
+  push_watches();
 }
 
 // Under cm_hub::mu(), which allows no blocking lock: a completion event of
 // our connection, read by whichever thread woke on the completion hub. Most
 // of the time that thread is the one waiting here, and it looks at this
-// stream next anyway, so only the waiters that need it are poked; the push
-// of a resting registration needs our lock (the registration may be going
-// away), and if someone holds it, wake() reaches every waiter instead.
-void Stream::completion_event() {
-  if (mu_.try_lock()) {
-    announce_locked();
-    mu_.unlock();
-  } else {
-    wake();
-  }
-}
+// stream next anyway, so only the waiters that need it are poked.
+void Stream::completion_event() { announce(); }
 
 
 // One step of everything that can progress without blocking. Returns true on
@@ -1314,8 +1301,7 @@ void Stream::detach_after_fork() {
   new (&mu_) std::mutex();                   // may have been held at fork
   // The tcp_hub instance is the parent's (tcp_hub::after_fork_child): its
   // entry is never deleted from here.
-  hub_fd_ = -1;
-  hub_watched_.store(false, std::memory_order_release);
+  hub_fd_.store(-1, std::memory_order_relaxed);
   // Nor is the progress thread's idle-TCP watch ours (a new registry here).
   tcp_watched = tcp_watch_armed = false;
   (void)conn_.release();                     // the parent's; never touched here
@@ -1357,8 +1343,9 @@ void Stream::orphan() {
     // name another file by now, so it is not used again.
     LOG_WARN("fd %d: closed without librsock's close hook; the connection's TCP socket is lost "
              "to it", tcp_fd_);
-    hub_fd_ = -1;  // (a DEL by that number could hit another file's entry)
-    hub_watched_.store(false, std::memory_order_release);
+    // (No DEL of its tcp_hub entry: by that number it could hit another
+    // file's.)
+    hub_fd_.store(-1, std::memory_order_release);
     set_tcp_fd(-1, false);
   }
   unwatch_tcp_locked();
@@ -1387,8 +1374,8 @@ void Stream::orphan() {
     if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
     set_phase(Phase::kPlain);
   }
-  // An epoll registration resting on the ready list must learn that its
-  // socket is gone (readiness.cc drops it when it looks).
+  // A thread still blocked on the stream looks again (epoll registrations
+  // had their last push in release_owner()).
   wake();
 }
 

@@ -284,8 +284,11 @@ class Stream {
   // `full`: also rdma_cm events, timers and CQ re-arming (a syscall or
   // more); the data path's attempts only poll completions (no syscall).
   bool advance_locked(bool full = true);
-  void advance_inline(bool full);  // advance_locked() + announce_locked() on a change
-  void announce_locked();          // new generation; pokes sleepers, pushes a resting registration
+  void advance_inline(bool full);  // advance_locked() + announce() on a change
+  // New generation; pokes the sleepers there are, pushes the epoll
+  // registrations. No lock needed.
+  void announce();
+  void push_watches();  // the socket's epoll registrations (owner_)
   void connect_locked(uint16_t rport);
   void enter_switching();
   bool caches_failure(stats::FallbackReason reason, bool cache) const;
@@ -386,8 +389,9 @@ class Stream {
     tcp_owned_.store(owned, std::memory_order_release);
     tcp_fd_pub_.store(fd, std::memory_order_release);
   }
-  int hub_fd_ = -1;  // the number of our tcp_hub entry, -1 if none (under mu_)
-  std::atomic<bool> hub_watched_{false};  // hub_fd_ >= 0, for watch_tcp's fast path
+  // The number of our tcp_hub entry, -1 if none: written under mu_, read
+  // without it by watch_tcp's fast path.
+  std::atomic<int> hub_fd_{-1};
   // Under mu_: whether data may come over TCP (the tcp_hub entry is wanted).
   bool tcp_hub_wanted() const;
   void unwatch_tcp_locked();

@@ -508,7 +508,8 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals) {
   pollfd fds[3];
   int n = wait_fds(interest, fds);
   uint64_t drain;
-  if (fds[0].fd >= 0) (void)!sys::libc.read(fds[0].fd, &drain, sizeof drain);  // consume old pokes first
+  // Consume old pokes first.
+  if (fds[0].fd >= 0) (void)!sys::libc.read(fds[0].fd, &drain, sizeof drain);
   // Re-check after consuming: a poke between the caller's attempt and now
   // must not be lost.
   uint64_t seen = generation();
@@ -517,7 +518,8 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals) {
   int err = 0;
   // Without a wake fd (none could be created) nothing would end the sleep
   // for a change here: sleep in slices and look again.
-  if (fds[0].fd < 0 && (timeout_ms < 0 || timeout_ms > kNoWakeSliceMs)) timeout_ms = kNoWakeSliceMs;
+  if (fds[0].fd < 0 && (timeout_ms < 0 || timeout_ms > kNoWakeSliceMs))
+    timeout_ms = kNoWakeSliceMs;
   if (sleep_begin(seen)) err = restartable_poll(fds, nfds_t(n), timeout_ms, signals);
   sleep_end();
   // Woken by the completion hub: the event is read by the next progress()

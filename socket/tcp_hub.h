@@ -15,10 +15,11 @@
 //
 // Who polls: every epoll set with a user-space registration on TCP holds
 // fd() in its shadow (level-triggered); whoever wakes on it calls poll(),
-// which hands each event to its Stream (tcp_event): new generation, new
-// send room counted, and the stream's wake fd, which every set holding one
-// of its registrations sees. Blocking calls and the poll/select emulation
-// sleep on the TCP fd itself (a poll() registers nothing that outlives it).
+// which hands each event to its Stream (tcp_event): new send room counted,
+// new generation, and a push of the socket's epoll registrations, which
+// every set holding one of them sees. Blocking calls and the poll/select
+// emulation sleep on the TCP fd itself (a poll() registers nothing that
+// outlives it).
 //
 // Locking: transport::cm_hub::mu(), the leaf lock of the hubs: the epoll
 // reads and the dispatch run under it, and a stream deletes its entry under
