@@ -23,6 +23,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "socket/fd_table.h"
@@ -64,11 +65,11 @@ constexpr uint64_t kTakeOverGapNs = 20'000'000, kTakeOverGapMaxNs = 1'000'000'00
 constexpr int kFdsPerStream = 0;
 
 // How often the thread looks at an upgraded stream: often enough for its
-// keepalive (sent after keepalive_ms without traffic).
+// keepalive (sent after a keepalive period without traffic; the period
+// grows with the number of connections, transport::keepalive_period_ns).
 uint64_t rdma_tick_ns() {
-  uint64_t ka = process_config().tunables.keepalive_ms;
-  uint64_t ms = ka ? std::max<uint64_t>(kIdleTickMs, ka / 2) : 1000;
-  return ms * 1000000;
+  uint64_t ka = transport::keepalive_period_ns(process_config().tunables.keepalive_ms);
+  return ka ? std::max<uint64_t>(uint64_t{kIdleTickMs} * 1000000, ka / 2) : 1000000000;
 }
 
 
@@ -191,6 +192,13 @@ struct Registry {
   // the parent.
   std::vector<InheritedListener> inherited_listeners;
   std::vector<ShareClaim> claims;
+  // Server streams pending without a connection, which a request may be
+  // for (try_match): a request costs what waits, not every stream of the
+  // process (setup of n connections was O(n^2)). Entered at accept, and by
+  // a scan after a stream starts waiting again (g_awaiting_epoch); left
+  // when matched, settled otherwise or released.
+  std::vector<Stream*> awaiting;
+  uint64_t awaiting_epoch = 0;  // g_awaiting_epoch at the last scan
   std::vector<PendingRequest> requests;
   std::vector<Watch> watches;
   int epfd = -1, cmd_fd = -1;
@@ -212,6 +220,8 @@ std::atomic<bool> g_thread_up{false};  // the progress thread reached thread_mai
 // Inherited listeners (with a share) whose owner nobody watches yet: the
 // accept and epoll_ctl hooks look for them only while this is nonzero.
 std::atomic<int> g_unwatched_inherited{0};
+// Bumped by server_awaits_request(): Registry::awaiting needs a scan.
+std::atomic<uint64_t> g_awaiting_epoch{0};
 Registry* reg() {
   Registry* r = g_reg_ptr.load(std::memory_order_acquire);
   if (r) return r;
@@ -227,6 +237,7 @@ Registry* reg() {
 #define g_requests (reg()->requests)
 #define g_inherited_listeners (reg()->inherited_listeners)
 #define g_claims (reg()->claims)
+#define g_awaiting (reg()->awaiting)
 #define g_watches (reg()->watches)
 #define g_epfd (reg()->epfd)
 #define g_cmd_fd (reg()->cmd_fd)
@@ -304,6 +315,21 @@ ListenerEntry* entry_of(const transport::Listener* l) {
   return nullptr;
 }
 
+// Under g_mu: Registry::awaiting.
+bool awaits_request(Stream* st) {
+  return !st->client() && st->phase() == Phase::kPending && !st->has_conn();
+}
+void add_awaiting(Stream* st) {
+  if (st->awaiting || !awaits_request(st)) return;
+  st->awaiting = true;
+  g_awaiting.push_back(st);
+}
+void drop_awaiting(size_t i) {
+  g_awaiting[i]->awaiting = false;
+  g_awaiting[i] = g_awaiting.back();
+  g_awaiting.pop_back();
+}
+
 // Under g_mu: pairs a connect request, which arrived on `via`, with an
 // accepted, pending server stream.
 bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
@@ -312,17 +338,27 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
   ListenerEntry* l = entry_of(via);
   // A listener serves its own TCP port; a side listener any the child accepted on.
   if (l == nullptr || (!l->side && l->tcp_port != ntohs(rq.server_port))) return false;
-  for (size_t i = 0; i < g_streams.size(); i++) {
-    Stream* st = g_streams[i];
-    if (st->client() || st->phase() != Phase::kPending || st->has_conn()) continue;
-    if (!g_stream_owner[i]) continue;
+  if (uint64_t e = g_awaiting_epoch.load(std::memory_order_acquire); e != reg()->awaiting_epoch) {
+    reg()->awaiting_epoch = e;
+    for (size_t i = 0; i < g_streams.size(); i++)
+      if (g_stream_owner[i]) add_awaiting(g_streams[i]);
+  }
+  for (size_t i = 0; i < g_awaiting.size();) {
+    Stream* st = g_awaiting[i];
+    if (!awaits_request(st)) {
+      drop_awaiting(i);
+      continue;
+    }
     const auto& peer = st->peer();
     const auto& local = st->local();
+    // The ports, and the rdma_cm peer must be the TCP peer's host.
     if (reinterpret_cast<const sockaddr_in*>(&peer)->sin_port != rq.client_port ||
-        reinterpret_cast<const sockaddr_in*>(&local)->sin_port != rq.server_port)
+        reinterpret_cast<const sockaddr_in*>(&local)->sin_port != rq.server_port ||
+        !same_ip(req.peer_addr(), reinterpret_cast<const sockaddr*>(&peer))) {
+      i++;
       continue;
-    // The rdma_cm peer must be the TCP peer's host.
-    if (!same_ip(req.peer_addr(), reinterpret_cast<const sockaddr*>(&peer))) continue;
+    }
+    drop_awaiting(i);
     drop_claim(st);
     const uint8_t version = wire::negotiate(rq);
     wire::RendezvousReply rep{wire::kRendezvousMagic, version, {}, st->cookie()};
@@ -388,7 +424,7 @@ void service_listeners(uint64_t now) {
       // "no resources" keeps the client from blaming (caching) this peer.
       if (try_match(*r, l.listener.get())) continue;
       if (try_redirect(*r, l.listener.get(), l.share, now)) continue;
-      if (!sys::owned_fd_room(kFdsPerStream)) {
+      if (!sys::owned_fd_room(kFdsPerStream) || !transport::pinned::maps_fit()) {
         l.listener->reject(std::move(*r), transport::RejectReason::kNoResources);
         continue;
       }
@@ -682,9 +718,14 @@ void* thread_main(void*) {
             if (st->tcp_watched && st->tcp_fd() >= 0)
               sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, st->tcp_fd(), nullptr);
             drop_claim(st);
+            // The last one takes its place (looked at next): no O(n) erase
+            // per stream when thousands close.
+            g_streams[i] = g_streams.back();
+            g_stream_owner[i] = g_stream_owner.back();
+            g_streams[i]->reg_index = i;
+            g_streams.pop_back();
+            g_stream_owner.pop_back();
             delete st;
-            g_streams.erase(g_streams.begin() + long(i));
-            g_stream_owner.erase(g_stream_owner.begin() + long(i));
             continue;
           }
           busy = true;
@@ -764,6 +805,14 @@ bool eligible(config::Direction dir, const sockaddr* addr) {
 // librsock keeps to half of the program's fd limit (util/owned_fds.h): past
 // it a connection stays on TCP, so the program never meets EMFILE because
 // of us while it uses less than the other half.
+// Room for one more connection's memory mappings (transport/pinned.h).
+bool maps_room(Socket* s) {
+  if (transport::pinned::maps_fit()) return true;
+  warn_maps();
+  s->note_fallback(stats::FallbackReason::kNoResources);
+  return false;
+}
+
 bool fd_room(Socket* s) {
   if (sys::owned_fd_room(kFdsPerStream)) return true;
   static std::atomic<bool> warned{false};
@@ -790,8 +839,21 @@ Stream* new_stream(Socket* s, int fd, bool client, const sockaddr_storage& local
     delete st;
     return nullptr;
   }
-  g_streams.push_back(st);
-  g_stream_owner.push_back(s);
+  st->reg_index = g_streams.size();
+  // (An allocation that fails here must not throw into the program: its
+  // connection stays on TCP.)
+  try {
+    g_streams.push_back(st);
+    try {
+      g_stream_owner.push_back(s);
+    } catch (const std::bad_alloc&) {
+      g_streams.pop_back();
+      throw;
+    }
+  } catch (const std::bad_alloc&) {
+    delete st;
+    return nullptr;
+  }
   return st;
 }
 
@@ -813,6 +875,8 @@ std::vector<NegativeEntry> g_negative;
 // The negative cache has its own lock: streams record failures while holding
 // their own lock, which must never wait for the registry's.
 std::mutex g_neg_mu;
+
+void server_awaits_request() { g_awaiting_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
 bool negative_cache_hit(const sockaddr_storage& peer) {
   std::lock_guard lk(g_neg_mu);
@@ -867,6 +931,7 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
     s->note_fallback(stats::FallbackReason::kMemlock);
     return nullptr;
   }
+  if (!maps_room(s)) return nullptr;
   Stream* st = new_stream(s, fd, true, local, peer);
   if (!st) return nullptr;
   s->set_stream(st);
@@ -935,7 +1000,8 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
     s->note_fallback(stats::FallbackReason::kNegativeCache);
     return nullptr;
   }
-  if (!fd_room(s)) return nullptr;  // its request is rejected with kNoResources
+  // Either way its request is rejected with kNoResources.
+  if (!fd_room(s) || !maps_room(s)) return nullptr;
   uint16_t side_port = 0;
   if (share) {
     std::lock_guard lk(g_mu);
@@ -949,6 +1015,7 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
   if (!st) return nullptr;
   s->set_stream(st);
   std::lock_guard lk(g_mu);
+  add_awaiting(st);
   if (share) {
     // The owner of the listener redirects the client's request to us.
     uint64_t ttl = uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
@@ -1119,13 +1186,14 @@ void socket_released(Socket* s) {
   // The socket's epoll registrations are dropped by their sets (names() is
   // 0); no push reaches them after this.
   st->release_owner();
-  for (size_t i = 0; i < g_streams.size(); i++) {
-    if (g_streams[i] == st) {
-      st->orphan();
-      g_stream_owner[i] = nullptr;  // the thread finishes and deletes it
-      poke();
-      return;
-    }
+  if (st->awaiting) {  // (never deleted while listed)
+    auto it = std::find(g_awaiting.begin(), g_awaiting.end(), st);
+    if (it != g_awaiting.end()) drop_awaiting(size_t(it - g_awaiting.begin()));
+  }
+  if (size_t i = st->reg_index; i < g_streams.size() && g_streams[i] == st) {
+    st->orphan();
+    g_stream_owner[i] = nullptr;  // the thread finishes and deletes it
+    poke();
   }
 }
 

@@ -43,6 +43,11 @@ void listener_in_use(int fd);
 // in that form. Anything else is returned unchanged.
 sockaddr_storage cm_address(const sockaddr_storage& a);
 
+// A server stream went back to waiting for its client's request (upgrading
+// again): the registry's list of such streams (try_match's candidates) is
+// rebuilt at the next request. Lock-free, one atomic increment.
+void server_awaits_request();
+
 // Peers that refused or did not answer, skipped for negative_cache_ttl_s.
 // `whole_host`: every port of the peer's address (a lossy path concerns the
 // host, not one service); a server also refuses such a host's requests.

@@ -178,8 +178,9 @@ void Stream::release_owner() {
 }
 
 void Stream::set_phase(Phase p) {
-  phase_.store(p, std::memory_order_release);
+  Phase was = phase_.exchange(p, std::memory_order_acq_rel);
   if (p == Phase::kPlain) governs_.store(false, std::memory_order_release);
+  if (p == Phase::kPending && was != Phase::kPending && !client_) server_awaits_request();
   // On RDMA the TCP socket stays silent (the progress thread's idle watch
   // covers it); plain or broken, the emulation no longer looks at it.
   if (p == Phase::kRdma || p == Phase::kPlain || p == Phase::kBroken) unwatch_tcp_locked();
@@ -340,6 +341,16 @@ void warn_memlock() {
                   "(or LimitMEMLOCK= for a systemd service, memlock in "
                   "/etc/security/limits.conf)",
                   (unsigned long long)(b / 1024));
+}
+
+void warn_maps() {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  log::write_line(log::Level::kWarn,
+                  "librsock holds as many upgraded connections as the memory-mapping limit "
+                  "allows (%u mappings each, 7/8 of vm.max_map_count): new connections stay on "
+                  "TCP. Raise it with `sysctl vm.max_map_count=...`",
+                  transport::pinned::kMapsPerConnection);
 }
 
 void Stream::note_fallback(stats::FallbackReason reason, uint8_t peer_reason) {

@@ -206,6 +206,8 @@ class Stream {
   bool waits_to_reupgrade() const { return reup_waiting_.load(std::memory_order_acquire); }
   bool tcp_watch_armed = false;  // progress thread only: the one-shot idle-TCP watch is armed
   bool tcp_watched = false;  // progress thread only, under its lock
+  bool awaiting = false;     // in the registry's `awaiting` list (under its lock)
+  size_t reg_index = 0;      // where the registry holds it (under its lock)
   uint64_t next_tick_ns = 0;  // progress thread only: next look while on RDMA
 
   Phase phase() const { return phase_.load(std::memory_order_acquire); }
@@ -470,6 +472,8 @@ class Stream {
 std::pair<stats::FallbackReason, bool> setup_fallback(const transport::Connection& c);
 // Once per process: the pinned-memory budget is used up (a warning line).
 void warn_memlock();
+// Once per process: the mapping budget (transport/pinned.h) is used up.
+void warn_maps();
 
 // Whether this process can use RDMA at all (a verbs device exists); cached.
 bool rdma_available();

@@ -80,6 +80,13 @@ struct ControlMessage {
 
 class Listener;
 
+// Keepalives per second the process sends at most (connection.cc): the
+// period an idle connection probes its peer with, for its keepalive_ms and
+// the process's number of established connections (0: no keepalive).
+constexpr uint64_t kKeepaliveRate = 200;
+uint64_t keepalive_period_ns(uint32_t keepalive_ms, uint64_t established);
+uint64_t keepalive_period_ns(uint32_t keepalive_ms);  // with the process's count
+
 class Connection {
  public:
   // Starts an active open; completes in progress() (established() or an error
@@ -247,6 +254,9 @@ class Connection {
   };
 
   State failed_in_ = State::kError;  // the state fail() found (stage())
+  bool counted_ = false;             // in g_established (connection.cc)
+  bool maps_taken_ = false;          // holds pinned::take_maps()
+  void set_state(State s);           // state_ and the count of established ones
 
   explicit Connection(const config::Tunables& tun);
   Status<void> debug_post(ibv_wr_opcode op, uint32_t imm, uint32_t len, uint64_t remote_addr,

@@ -5,6 +5,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstdio>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -105,5 +107,43 @@ uint32_t ring_bytes_for(uint32_t configured) {
 }
 
 void set_limit_for_tests(uint64_t limit) { g_budget.store(budget_of(limit), std::memory_order_release); }
+
+namespace {
+std::atomic<uint64_t> g_maps_budget{kNotRead};  // in connections
+std::atomic<uint64_t> g_maps_in_use{0};
+
+uint64_t maps_budget() {
+  uint64_t b = g_maps_budget.load(std::memory_order_relaxed);
+  if (b != kNotRead) return b;
+  uint64_t max = 65530;
+  if (FILE* f = fopen("/proc/sys/vm/max_map_count", "re")) {
+    unsigned long long v = 0;
+    if (fscanf(f, "%llu", &v) == 1 && v > 0) max = v;
+    fclose(f);
+  }
+  b = (max - max / 8) / kMapsPerConnection;
+  g_maps_budget.store(b, std::memory_order_relaxed);
+  return b;
+}
+}  // namespace
+
+bool take_maps() {
+  uint64_t cap = maps_budget();
+  uint64_t cur = g_maps_in_use.load(std::memory_order_relaxed);
+  do {
+    if (cur + 1 > cap) return false;
+  } while (!g_maps_in_use.compare_exchange_weak(cur, cur + 1, std::memory_order_relaxed));
+  return true;
+}
+
+void give_maps() { g_maps_in_use.fetch_sub(1, std::memory_order_relaxed); }
+
+bool maps_fit() { return g_maps_in_use.load(std::memory_order_relaxed) < maps_budget(); }
+
+void set_max_map_count_for_tests(uint64_t max_map_count) {
+  g_maps_budget.store(max_map_count ? (max_map_count - max_map_count / 8) / kMapsPerConnection
+                                    : kNotRead,
+                      std::memory_order_relaxed);
+}
 
 }  // namespace rsock::transport::pinned

@@ -45,6 +45,21 @@ uint32_t grown_ring_bytes(const config::Tunables& tun);
 // its send and receive buffers, page-rounded), as Connection registers them.
 uint64_t connection_bytes(uint32_t ring_bytes, uint32_t sq_depth, uint32_t recv_slots);
 
+// Memory mappings. The kernel allows a process vm.max_map_count of them
+// (65530 by default), and a connection costs several: on rxe its CQ, send
+// and receive queues are three mappings of the device file, plus its rings
+// (measured: 4.0 per upgraded socket, bench/footprint). A program with
+// thousands of connections that ran out of them would fail its own next
+// mmap (a 128 KiB malloc), so librsock takes at most seven eighths of the
+// limit: past that, new connections stay on TCP (no_resources).
+constexpr uint32_t kMapsPerConnection = 4;
+// Takes one connection's mappings; false (nothing taken) past the budget.
+bool take_maps();
+void give_maps();
+bool maps_fit();  // whether take_maps() would succeed now
+// Tests: use `max_map_count` instead of the kernel's (0: read it again).
+void set_max_map_count_for_tests(uint64_t max_map_count);
+
 // Tests: forget the budget read so far and use `limit` as RLIMIT_MEMLOCK
 // (kUnlimited for none); in_use() is kept.
 void set_limit_for_tests(uint64_t limit);

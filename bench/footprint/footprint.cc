@@ -58,6 +58,18 @@ long status_kib(const char* key) {
   return v;
 }
 
+// Memory mappings (VMAs) of the process: the kernel allows vm.max_map_count
+// (65530 by default) in all, so mappings per connection bound how many
+// connections a process can have.
+long count_maps() {
+  FILE* f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  long n = 0;
+  for (int c; (c = fgetc(f)) != EOF;) n += c == '\n';
+  fclose(f);
+  return n;
+}
+
 int transport(int fd) {
   int t = -1;
   socklen_t len = sizeof t;
@@ -91,6 +103,7 @@ int main(int argc, char** argv) {
   getsockname(l, reinterpret_cast<sockaddr*>(&sa), &sl);
 
   int fds0 = count_fds();
+  long maps0 = count_maps();
   long pin0 = status_kib("VmPin:"), rss0 = status_kib("VmRSS:");
   double t0 = now_s();
   std::vector<int> socks;
@@ -127,6 +140,7 @@ int main(int argc, char** argv) {
   }
   double setup = now_s() - t0;
   int extra_fds = count_fds() - fds0 - 2 * n;
+  long maps = count_maps() - maps0;
   long pin = status_kib("VmPin:") - pin0, rss = status_kib("VmRSS:") - rss0;
 
   // epoll_wait with every socket registered, one pair active.
@@ -164,8 +178,9 @@ int main(int argc, char** argv) {
   }
   double per_ctl = (now_s() - c0) / kMods * 1e6;
   printf("conns=%d rdma_sockets=%d/%d setup_ms=%.0f fds_per_socket=%.2f pinned_kib_per_socket=%.1f "
-         "rss_kib_per_socket=%.1f epoll_us_per_roundtrip=%.1f epoll_ctl_us=%.2f\n",
+         "rss_kib_per_socket=%.1f epoll_us_per_roundtrip=%.1f epoll_ctl_us=%.2f "
+         "maps_per_socket=%.2f\n",
          n, on_rdma, 2 * n, setup * 1000, double(extra_fds) / (2 * n), double(pin) / (2 * n),
-         double(rss) / (2 * n), per_rt, per_ctl);
+         double(rss) / (2 * n), per_rt, per_ctl, double(maps) / (2 * n));
   return 0;
 }

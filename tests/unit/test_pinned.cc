@@ -55,3 +55,22 @@ TEST_CASE("pinned: rings start small and grow within a spare quarter of the budg
   CHECK(pinned::in_use() == base);
   pinned::set_limit_for_tests(pinned::kUnlimited);
 }
+
+TEST_CASE("pinned: connections stop taking memory mappings at 7/8 of vm.max_map_count") {
+  pinned::set_max_map_count_for_tests(800);  // 700 for librsock: 175 connections
+  int n = 0;
+  while (pinned::maps_fit() && pinned::take_maps()) n++;
+  CHECK(n == 700 / int(pinned::kMapsPerConnection));
+  CHECK_FALSE(pinned::take_maps());
+  CHECK_FALSE(pinned::maps_fit());
+  pinned::give_maps();
+  CHECK(pinned::maps_fit());
+  CHECK(pinned::take_maps());
+  for (int i = 0; i < n; i++) pinned::give_maps();
+  pinned::set_max_map_count_for_tests(65530);  // the default: thousands fit
+  int m = 0;
+  while (m < 10000 && pinned::take_maps()) m++;
+  CHECK(m == 10000);
+  for (int i = 0; i < m; i++) pinned::give_maps();
+  pinned::set_max_map_count_for_tests(0);
+}
