@@ -126,7 +126,12 @@ class Stream {
   // The connect() hook only asks; the progress thread starts the rdma_cm
   // connect, so connect() costs the application no rdma_cm syscalls.
   void request_start() { start_requested_.store(true, std::memory_order_release); }
-  bool take_start_request() { return start_requested_.exchange(false, std::memory_order_acq_rel); }
+  // (A load first: the progress thread asks every stream on every tick, and
+  // an exchange would write each one's cache line each time.)
+  bool take_start_request() {
+    return start_requested_.load(std::memory_order_relaxed) &&
+           start_requested_.exchange(false, std::memory_order_acq_rel);
+  }
   void attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
                        uint8_t version);
   // Why it last stayed on or went back to TCP: FallbackReason in the low
