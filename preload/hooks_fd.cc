@@ -177,7 +177,7 @@ RSOCK_HOOK pid_t fork(void) noexcept {
     rsock::stats::after_fork_child();  // the child publishes its own file
     rsock::socket::progress_after_fork_child();
   } else {
-    rsock::socket::progress_after_fork_parent();
+    rsock::socket::progress_after_fork_parent(pid < 0);
   }
   return h.pass(pid);
 }

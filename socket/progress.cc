@@ -249,6 +249,7 @@ void poke() {
 }
 
 void* thread_main(void*);
+void make_reachable(Stream* st, uint64_t now);
 
 // Under g_mu.
 bool ensure_thread() {
@@ -317,7 +318,10 @@ ListenerEntry* entry_of(const transport::Listener* l) {
 
 // Under g_mu: Registry::awaiting.
 bool awaits_request(Stream* st) {
-  return !st->client() && st->phase() == Phase::kPending && !st->has_conn();
+  // (One that another process holds too cannot take a request: it waits to
+  // be the only holder, then its request is made reachable.)
+  return !st->client() && st->phase() == Phase::kPending && !st->has_conn() &&
+         !st->shared_by_fork();
 }
 void add_awaiting(Stream* st) {
   if (st->awaiting || !awaits_request(st)) return;
@@ -731,6 +735,7 @@ void* thread_main(void*) {
           busy = true;
         } else {
           if (st->take_start_request() || st->reupgrade_due(now)) st->start_client();
+          if (st->take_claim_request()) make_reachable(st, now);
           Phase p = st->phase();
           if (p != Phase::kPending && !g_claims.empty()) drop_claim(st);
           // (Armed again after a reverse switch and a new upgrade.)
@@ -962,19 +967,57 @@ uint16_t side_listener_port(const sockaddr_storage& local) {
   g_listeners.push_back(std::move(e));
   return port;
 }
+
+// Under g_mu: a server stream that fork left to this process alone waits
+// for the client's next request (Stream::become_sole). The request arrives
+// at the rdma_cm listener of the listening socket's owner: if that is this
+// process, it matches as any; if another (the parent that accepted, forked
+// and closed), that one redirects it here through the share table, to a
+// side listener of ours, as for a preforked worker's connection.
+void make_reachable(Stream* st, uint64_t now) {
+  uint16_t port = port_of(st->local());
+  for (auto& e : g_listeners) {
+    if (e.side || !(e.listener || e.alias) || e.tcp_port != port ||
+        !same_ip(reinterpret_cast<const sockaddr*>(&e.addr),
+                 reinterpret_cast<const sockaddr*>(&st->local())))
+      continue;
+    add_awaiting(st);
+    return;
+  }
+  listen_share::Table* share = st->listen_table();
+  uint16_t side_port = share ? side_listener_port(st->local()) : 0;
+  int slot = -1;
+  if (side_port != 0) {
+    const auto& peer = st->peer();
+    slot = listen_share::publish(share, reinterpret_cast<const sockaddr*>(&peer),
+                                 reinterpret_cast<const sockaddr_in*>(&peer)->sin_port,
+                                 reinterpret_cast<const sockaddr_in*>(&st->local())->sin_port,
+                                 side_port, now, st->deadline_ns() > now ? st->deadline_ns() - now : 0);
+  }
+  if (slot < 0) {
+    st->fall_back(stats::FallbackReason::kForked);  // quiet: it waited to upgrade again
+    return;
+  }
+  g_claims.push_back({st, share, slot});
+  add_awaiting(st);
+}
 }  // namespace
 
 Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
   // Set when `listener` was inherited from the process that owns its
   // rdma_cm listener: the table through which that process redirects.
   listen_share::Table* share = nullptr;
+  listen_share::Table* own_share = nullptr;  // ours, when we own the listener
   {
     std::lock_guard lk(g_mu);
-    bool has = std::any_of(g_listeners.begin(), g_listeners.end(),
-                           [&](const ListenerEntry& e) {
-                             return e.socket == listener && (e.listener || e.alias);
-                           });
-    if (!has) {
+    auto own = std::find_if(g_listeners.begin(), g_listeners.end(),
+                            [&](const ListenerEntry& e) {
+                              return e.socket == listener && (e.listener || e.alias);
+                            });
+    bool has = own != g_listeners.end();
+    if (has) {
+      own_share = own->share;
+    } else {
       auto it = std::find_if(g_inherited_listeners.begin(), g_inherited_listeners.end(),
                              [&](const InheritedListener& i) { return i.socket == listener; });
       if (it == g_inherited_listeners.end()) return nullptr;
@@ -1013,6 +1056,7 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
   }
   Stream* st = new_stream(s, fd, false, local, peer);
   if (!st) return nullptr;
+  st->set_listen_table(share ? share : own_share);
   s->set_stream(st);
   std::lock_guard lk(g_mu);
   add_awaiting(st);
@@ -1298,10 +1342,17 @@ void settle_switches() {
   uint64_t deadline = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
   for (;;) {
     bool any = false;
+    // (A server whose client's request it accepted is one round trip from
+    // switching: settled too, so that the connection is handed off, and
+    // upgrades again in whichever process keeps it.)
+    auto settling = [](Stream* st) {
+      Phase p = st->phase();
+      return p == Phase::kSwitching || (p == Phase::kPending && !st->client() && st->has_conn());
+    };
     for (Stream* st : g_streams) {
-      if (st->phase() != Phase::kSwitching) continue;
+      if (!settling(st)) continue;
       st->advance(true);
-      any = any || st->phase() == Phase::kSwitching;
+      any = any || settling(st);
     }
     if (!any) return;
     if (now_ns() > deadline) {
@@ -1324,13 +1375,33 @@ void progress_before_fork() {
   // meanwhile. An upgrade still pending now would be completed by one process
   // while both own the TCP stream, so those stay on TCP, in both processes.
   g_mu.lock();
-  fall_back_pending(stats::FallbackReason::kForked);
+  const auto& t = process_config().tunables;
+  if (!t.fork_hand_off || !t.reupgrade) {
+    fall_back_pending(stats::FallbackReason::kForked);
+    settle_switches();
+    if (t.fork_hand_off) hand_off_streams(false, false);
+    return;
+  }
+  // A client's rendezvous in flight cannot be finished by whichever process
+  // keeps the connection: it stays on TCP (a server's accepted one is
+  // settled, below).
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (g_stream_owner[i] && g_streams[i]->client() && g_streams[i]->has_conn())
+      g_streams[i]->fall_back(stats::FallbackReason::kForked);
   settle_switches();
   // An upgraded connection's state (verbs objects, unread bytes) cannot be
   // shared with the child: switch each back to TCP first, so that whichever
   // process goes on using it has a plain TCP socket. Lingering ones stay
   // with the parent, which goes on.
-  if (process_config().tunables.fork_hand_off) hand_off_streams(false, false);
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (g_stream_owner[i]) g_streams[i]->share_after_hand_off();
+  hand_off_streams(false, false);
+  // Handed off, or still waiting for a rendezvous: both processes hold the
+  // socket now, and whichever is left holding it alone upgrades it again
+  // (Stream::share_at_fork). The rest stays on TCP.
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (g_stream_owner[i] && !g_streams[i]->share_at_fork())
+      g_streams[i]->fall_back(stats::FallbackReason::kForked);  // acts on pending ones only
 }
 
 void progress_before_exec() {
@@ -1343,6 +1414,10 @@ void progress_before_exec() {
 void progress_at_exit() {
   std::lock_guard lk(g_mu);
   hand_off_streams(true, true);
+  // Another process that holds a connection since a fork may be its only
+  // holder now.
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (g_stream_owner[i]) g_streams[i]->release_holders();
 }
 
 namespace {
@@ -1363,7 +1438,9 @@ void progress_io_uring_started() {
   hand_off_streams(false, false, stats::FallbackReason::kIoUring);
 }
 
-void progress_after_fork_parent() {
+void progress_after_fork_parent(bool failed) {
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (g_stream_owner[i]) g_streams[i]->fork_done(failed);
   g_mu.unlock();
   transport::cm_hub::set_serviced(g_hub_serviced_before_fork);
   g_loop_mu.unlock();
@@ -1402,8 +1479,23 @@ void progress_after_fork_child() {
   int unwatched = 0;
   for (const auto& il : fresh->inherited_listeners) unwatched += il.share != nullptr;
   g_unwatched_inherited.store(unwatched, std::memory_order_relaxed);
-  for (size_t i = 0; i < old->streams.size(); i++)
-    if (old->stream_owner[i]) old->streams[i]->detach_after_fork();
+  bool shared = false;
+  for (size_t i = 0; i < old->streams.size(); i++) {
+    if (!old->stream_owner[i]) continue;
+    Stream* st = old->streams[i];
+    st->detach_after_fork();
+    if (!st->shared_by_fork()) continue;
+    // Held by the parent too: this child may be left its only holder, and
+    // then upgrades it again, driven by a progress thread of its own.
+    st->reg_index = fresh->streams.size();
+    fresh->streams.push_back(st);
+    fresh->stream_owner.push_back(old->stream_owner[i]);
+    shared = true;
+  }
+  if (shared) {
+    std::lock_guard lk(fresh->mu);
+    (void)ensure_thread();
+  }
 }
 
 }  // namespace rsock::socket

@@ -97,7 +97,7 @@ void progress_at_exit();
 void progress_io_uring_started();
 // Whether progress_io_uring_started() ran.
 bool io_uring_started();
-void progress_after_fork_parent();
+void progress_after_fork_parent(bool failed);
 void progress_after_fork_child();
 
 }  // namespace rsock::socket

@@ -60,6 +60,17 @@ uint64_t reup_attempt_ns() {
   return uint64_t{std::max(t.upgrade_timeout_ms, t.connect_timeout_ms)} * 1000000;
 }
 
+// How often a stream held by other processes too looks for holders that
+// died without closing (Stream::advance_locked).
+constexpr uint64_t kReapGapNs = 100'000'000;
+
+// How long a server waits for the client's attempts (every one of them).
+uint64_t reup_window_ns() {
+  uint64_t w = 0;
+  for (uint64_t d : kReupDelaysNs) w += d + reup_attempt_ns();
+  return w;
+}
+
 
 uint64_t random_cookie() {
   uint64_t c = 0;
@@ -180,6 +191,12 @@ void Stream::release_owner() {
 void Stream::set_phase(Phase p) {
   Phase was = phase_.exchange(p, std::memory_order_acq_rel);
   if (p == Phase::kPlain) governs_.store(false, std::memory_order_release);
+  if ((p == Phase::kPlain || p == Phase::kBroken) && holders_) {
+    // From here on this process's bytes on the socket go uncounted: no
+    // holder may upgrade it again from the slot's positions.
+    holders::poison(holders_);
+    shared_.store(false, std::memory_order_release);
+  }
   if (p == Phase::kPending && was != Phase::kPending && !client_) server_awaits_request();
   // On RDMA the TCP socket stays silent (the progress thread's idle watch
   // covers it); plain or broken, the emulation no longer looks at it.
@@ -639,6 +656,9 @@ bool Stream::advance_revert() {
     if (wr_shut_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
     LOG_DEBUG("fd %d: back on TCP", tcp_fd_);
     if (may_reupgrade()) begin_reupgrade();
+    else if (share_after_revert_ && reupgradable() && staging_.size() == staging_off_ &&
+             (holders_ || (holders_ = holders::claim(tcp_tx_, tcp_rx_))))
+      enter_shared();
     else if (staging_.size() > staging_off_) plain_when_drained_ = true;
     else set_phase(Phase::kPlain);
   }
@@ -655,13 +675,17 @@ bool Stream::advance_revert() {
 
 // Under mu_, at the end of a reverse switch.
 bool Stream::may_reupgrade() const {
-  return reup_allowed_ && process_config().tunables.reupgrade && !orphaned_ && !wr_shut_ &&
-         !rd_shut_ && !fin_deferred_ && !tcp_eof_ && err_ == 0 && !rdma_dead_ &&
-         tcp_fd_ >= 0 && !io_uring_started() && !(client_ && negative_cache_hit(peer_));
+  return reup_allowed_ && !rdma_dead_ && reupgradable();
+}
+
+bool Stream::reupgradable() const {
+  return process_config().tunables.reupgrade && !orphaned_ && !wr_shut_ && !rd_shut_ &&
+         !fin_deferred_ && !tcp_eof_ && err_ == 0 && tcp_fd_ >= 0 && !io_uring_started() &&
+         !(client_ && negative_cache_hit(peer_));
 }
 
 // Under mu_.
-void Stream::begin_reupgrade() {
+void Stream::prepare_reupgrade() {
   reup_ = true;
   reup_allowed_ = false;
   my_cookie_ = random_cookie();  // a new rendezvous proves itself anew
@@ -672,21 +696,125 @@ void Stream::begin_reupgrade() {
   held_off_ = held_cap_ = 0;
   set_phase(Phase::kPending);  // still governing: every TCP byte is counted
   stats::set_state(slot_, stats::ConnState::kUpgrading);
+}
+
+// Under mu_.
+void Stream::schedule_reupgrade(uint64_t delay_ns) {
   uint64_t now = now_ns();
   const uint64_t attempt_ns = reup_attempt_ns();
   if (client_) {
     reup_tries_ = 0;
-    reup_at_ns_.store(now + kReupDelaysNs[0], std::memory_order_release);
-    deadline_ns_ = now + kReupDelaysNs[0] + attempt_ns;
+    reup_at_ns_.store(now + delay_ns, std::memory_order_release);
+    deadline_ns_ = now + delay_ns + attempt_ns;
   } else {
     // Long enough for every attempt of the client's.
-    uint64_t w = 0;
-    for (uint64_t d : kReupDelaysNs) w += d + attempt_ns;
-    deadline_ns_ = now + w;
+    deadline_ns_ = now + reup_window_ns();
   }
   reup_waiting_.store(true, std::memory_order_release);
+}
+
+// Under mu_.
+void Stream::begin_reupgrade() {
+  prepare_reupgrade();
+  schedule_reupgrade(kReupDelaysNs[0]);
   LOG_DEBUG("fd %d: back on TCP; will try RDMA again (%s)", tcp_fd_,
             client_ ? "client" : "server, waiting for the client's request");
+}
+
+// ---------------------------------------------------------------------------
+// Upgrading again in the new owner (docs/DESIGN.md). fork() leaves a
+// connection that was on RDMA (handed off) or still waiting for its
+// rendezvous as a TCP socket in two processes. Each counts its TCP bytes
+// into a shared slot (socket/holders.h) and waits, governed, in kPending;
+// the process left as the only holder takes the positions from the slot and
+// upgrades again: the client with a new rendezvous at once, the server by
+// waiting for the client's (its own listener, or a claim in the listening
+// socket's share table, published by the progress thread).
+
+void Stream::share_after_hand_off() {
+  std::lock_guard lk(mu_);
+  if (phase() == Phase::kRdma) share_after_revert_ = true;
+}
+
+bool Stream::share_at_fork() {
+  std::lock_guard lk(mu_);
+  added_at_fork_ = false;
+  Phase p = phase();
+  bool waiting = p == Phase::kPending && !conn_ && !plain_when_drained_;
+  bool handed = p == Phase::kReverting && down_done_ && return_out_off_ == return_out_.size();
+  // (Bytes staged or held live in this process's memory only: a copy in
+  // the child would deliver or send them twice.)
+  if (!(waiting || handed) || !reupgradable() || held_pending() ||
+      staging_.size() > staging_off_) {
+    share_after_revert_ = false;
+    return false;
+  }
+  if (!holders_) {
+    holders_ = holders::claim(tcp_tx_, tcp_rx_);
+    if (!holders_) return false;
+  }
+  holders::add(holders_);  // the child
+  added_at_fork_ = true;
+  if (waiting && !reup_) {
+    // Its first rendezvous waits now: a fallback until it is on RDMA.
+    note_fallback(stats::FallbackReason::kForked);
+    count_next_upgrade_ = true;
+  }
+  (void)take_start_request();  // a client's first attempt waits as well
+  if (handed) share_after_revert_ = true;
+  else if (!shared_.load(std::memory_order_relaxed)) enter_shared();
+  return true;
+}
+
+void Stream::fork_done(bool failed) {
+  std::lock_guard lk(mu_);
+  if (!std::exchange(added_at_fork_, false)) return;
+  if (failed && holders_) holders::release(holders_);  // no child holds it
+}
+
+// Under mu_.
+void Stream::enter_shared() {
+  prepare_reupgrade();
+  share_after_revert_ = false;
+  rdma_dead_ = false;
+  reup_at_ns_.store(0, std::memory_order_release);
+  deadline_ns_ = now_ns() + reup_window_ns();  // the others close within it, or it stays on TCP
+  shared_.store(true, std::memory_order_release);
+  reup_waiting_.store(true, std::memory_order_release);
+  LOG_DEBUG("fd %d: held by another process too; waiting to be its only holder", tcp_fd_);
+}
+
+// Under mu_: the other holders closed their copies.
+void Stream::become_sole() {
+  shared_.store(false, std::memory_order_release);
+  bool poisoned = holders::poisoned(holders_);
+  // Every holder counted into the slot: these are the stream positions.
+  tcp_tx_ = holders_->tx.load(std::memory_order_acquire);
+  tcp_rx_ = holders_->rx.load(std::memory_order_acquire);
+  release_holders_locked();
+  if (poisoned || !reupgradable()) {
+    abandon_reupgrade();
+    return;
+  }
+  LOG_DEBUG("fd %d: the only holder now, at stream bytes out/in %llu/%llu; upgrading again",
+            tcp_fd_, (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
+  schedule_reupgrade(0);
+  if (!client_) {
+    claim_wanted_.store(true, std::memory_order_release);
+    server_awaits_request();
+  }
+}
+
+// Under mu_.
+void Stream::release_holders_locked() {
+  if (holders_) holders::release(std::exchange(holders_, nullptr));
+  shared_.store(false, std::memory_order_release);
+  share_after_revert_ = false;
+}
+
+void Stream::release_holders() {
+  std::lock_guard lk(mu_);
+  release_holders_locked();
 }
 
 // Under mu_: an attempt failed.
@@ -888,7 +1016,20 @@ bool Stream::advance_locked(bool full) {
       if (flush_held() || held_.size() - held_off_ != before) return true;
     }
     if (plain_when_drained_) return false;
-    if (p == Phase::kPending && now_ns() > deadline_ns_ && !orphaned_) {
+    const uint64_t now = now_ns();
+    if (p == Phase::kPending && holders_ && shared_.load(std::memory_order_relaxed)) {
+      // (A holder gone without closing is looked for every 100 ms at most.)
+      bool sole = holders::sole(holders_);
+      if (!sole && now >= reap_at_ns_) {
+        reap_at_ns_ = now + kReapGapNs;
+        sole = holders::reap(holders_);
+      }
+      if (sole || holders::poisoned(holders_)) {
+        become_sole();
+        return true;
+      }
+    }
+    if (p == Phase::kPending && now > deadline_ns_ && !orphaned_) {
       mu_.unlock();
       fall_back(stats::FallbackReason::kPeerNotRsock);
       mu_.lock();
@@ -1012,7 +1153,8 @@ bool Stream::advance_locked(bool full) {
       set_phase(Phase::kRdma);
       (void)flush_held();  // what the application wrote meanwhile goes first
       deferred_fin();
-      stats::set_upgraded(slot_, conn_->qp_num(), /*again=*/reup_);
+      stats::set_upgraded(slot_, conn_->qp_num(), /*again=*/reup_ && !count_next_upgrade_);
+      count_next_upgrade_ = false;
       if (reup_)
         LOG_INFO("fd %d: back on RDMA (qp %u) at stream bytes out/in %llu/%llu", tcp_fd_,
                  conn_->qp_num(), (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
@@ -1316,8 +1458,12 @@ void Stream::detach_after_fork() {
   // Nor is the progress thread's idle-TCP watch ours (a new registry here).
   tcp_watched = tcp_watch_armed = false;
   (void)conn_.release();                     // the parent's; never touched here
+  // The child's counters are its own: an upgrade here is its first.
+  count_next_upgrade_ = true;
+  if (holders_ && std::exchange(added_at_fork_, false)) holders::enlist(holders_);
+  awaiting = false;  // the parent's list
   if (phase() == Phase::kPending) {
-    set_phase(Phase::kPlain);
+    if (!shared_.load(std::memory_order_relaxed)) set_phase(Phase::kPlain);
   } else if (phase() == Phase::kReverting && down_done_ && return_out_off_ == return_out_.size()) {
     // Handed off before fork (progress_before_fork): nothing of it is in
     // RDMA state any more; the backlog, if any, is shared with the parent.
@@ -1347,6 +1493,9 @@ void Stream::begin_close() {
 void Stream::orphan() {
   std::lock_guard lk(mu_);
   orphaned_ = true;
+  // This process holds the socket no more (before anything below goes
+  // plain: the others may still count on the slot).
+  release_holders_locked();
   // (socket_released called release_owner() first: no epoll registration is
   // pushed from now on, and nobody waits in an epoll set for it.)
   if (!tcp_owned_.load(std::memory_order_relaxed) && tcp_fd_ >= 0) {

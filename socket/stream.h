@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "socket/holders.h"
 #include "socket/upgrade_wire.h"
 #include "transport/connection.h"
 #include "util/stats_layout.h"
@@ -32,6 +33,9 @@
 
 namespace rsock::socket {
 
+namespace listen_share {
+struct Table;
+}
 class SignalWatch;
 class Backlog;
 
@@ -182,6 +186,39 @@ class Stream {
   // exiting (no fallback counted, logged at debug level only).
   void start_hand_off(bool at_exit = false,
                       stats::FallbackReason why = stats::FallbackReason::kHandedOff);
+  // --- fork (docs/DESIGN.md, "Upgrading again in the new owner"). Under the
+  // registry's lock in progress_before_fork, after the hand-offs: the child
+  // about to be forked will hold the connection too. A stream waiting for
+  // its rendezvous or handed off just now counts itself and the child as
+  // holders (socket/holders.h) and waits, governed, until one process is
+  // left holding it, which then upgrades it again. False if it cannot (the
+  // caller lets a pending one fall back).
+  bool share_at_fork();
+  // Before the hand-offs of a fork: an upgraded stream's reverse switch is
+  // to end shared (enter_shared), not plain.
+  void share_after_hand_off();
+  // After fork(), in the parent (failed: no child; its count is dropped)
+  // and in the child.
+  void fork_done(bool failed);
+  // Held by more than one process since a fork (waiting for the others to
+  // close), or handed off to become so once its reverse switch settles: a
+  // fork child keeps it in its registry.
+  bool shared_by_fork() const { return shared_.load(std::memory_order_acquire) || share_after_revert_; }
+  // This process holds the socket no longer (its last fd closed, exit).
+  void release_holders();
+  // A server stream that became the only holder: the progress thread makes
+  // its next request reachable (its own listener, or a claim in the
+  // listening socket's share table), once.
+  bool take_claim_request() {
+    return claim_wanted_.load(std::memory_order_relaxed) &&
+           claim_wanted_.exchange(false, std::memory_order_acq_rel);
+  }
+  // The share table of the listening socket a server stream was accepted
+  // on (socket/listen_share.h), if any: a fork child that becomes its only
+  // holder publishes it there.
+  void set_listen_table(listen_share::Table* t) { listen_table_ = t; }
+  listen_share::Table* listen_table() const { return listen_table_; }
+
   // Tests: the RDMA path fails as a broken link would (RSOCK_DEBUG_FAIL_PATH).
   void debug_fail_path();
   // The progress thread's loss check (transport/path_quality.h), which may
@@ -317,7 +354,19 @@ class Stream {
   bool revert_locked(RevertMode mode, stats::FallbackReason why, bool report = true,
                      bool may_return = false);
   bool may_reupgrade() const;
+  // Whether a connection back on TCP may still go onto RDMA again: nothing
+  // ended, nothing of ours is only in this process's memory.
+  bool reupgradable() const;
+  // The common start of a later rendezvous: a new cookie, the switch state
+  // reset, kPending governing every TCP byte.
+  void prepare_reupgrade();
   void begin_reupgrade();
+  // The client's next attempt after `delay_ns`, the server's wait for as long
+  // as the client's attempts can take.
+  void schedule_reupgrade(uint64_t delay_ns);
+  void enter_shared();     // waits for the other holders to close
+  void become_sole();      // the only holder now: positions from the slot
+  void release_holders_locked();
   // A re-upgrade attempt failed for `reason`: true if another is scheduled
   // (the stream stays pending, without a connection).
   bool retry_reupgrade(stats::FallbackReason reason);
@@ -470,6 +519,16 @@ class Stream {
   int reup_tries_ = 0;         // client: attempts made
   std::atomic<uint64_t> reup_at_ns_{0};  // client: the next attempt is due (0: none)
   std::atomic<bool> reup_waiting_{false};
+  // Upgrading again in the new owner after fork (share_at_fork). holders_:
+  // the slot this process counts its TCP bytes into, while it holds one.
+  holders::Slot* holders_ = nullptr;
+  std::atomic<bool> shared_{false};   // pending, waiting to be the only holder
+  bool share_after_revert_ = false;   // handed off at fork: shared once settled
+  bool added_at_fork_ = false;        // share_at_fork counted the child
+  bool count_next_upgrade_ = false;   // an upgrade this process never counted
+  uint64_t reap_at_ns_ = 0;           // next look for holders gone (holders::reap)
+  std::atomic<bool> claim_wanted_{false};
+  listen_share::Table* listen_table_ = nullptr;
 };
 
 // The fallback reason for a connection whose rdma_cm setup failed, and

@@ -127,8 +127,11 @@ Status<size_t> Stream::try_recv_source(std::span<const iovec> iov, int flags) {
     mh.msg_iovlen = iov.size();
     ssize_t r = sys::libc.recvmsg(tcp_fd_, &mh, (flags & (MSG_PEEK | MSG_OOB)) | MSG_DONTWAIT);
     if (r < 0) return Err(errno);
+    if (r == 0 && !peek && reup_ && !conn_ && phase() == Phase::kPending && iov_total(iov) > 0)
+      abandon_reupgrade();  // the peer's FIN: no switch marker can follow it
     if (r > 0 && !peek) {
       tcp_rx_ += uint64_t(r);
+      if (holders_) holders_->rx.fetch_add(uint64_t(r), std::memory_order_relaxed);
       if (slot_) slot_->add_rx(stats::Transport::kTcp, uint64_t(r));
     }
     return size_t(r);
@@ -164,6 +167,7 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
                                   (flags & (MSG_MORE | MSG_OOB)) | MSG_DONTWAIT | MSG_NOSIGNAL);
     if (r < 0) return Err(errno);
     tcp_tx_ += uint64_t(r);
+    if (holders_) holders_->tx.fetch_add(uint64_t(r), std::memory_order_relaxed);
     if (slot_) slot_->add_tx(stats::Transport::kTcp, uint64_t(r));
     return size_t(r);
   }
@@ -236,6 +240,7 @@ bool Stream::flush_held() {
     }
     held_off_ += size_t(r);
     tcp_tx_ += uint64_t(r);
+    if (holders_) holders_->tx.fetch_add(uint64_t(r), std::memory_order_relaxed);
     if (slot_) slot_->add_tx(stats::Transport::kTcp, uint64_t(r));
   }
   held_.clear();

@@ -18,9 +18,10 @@
 //                                   so the connection must upgrade again and
 //                                   end on RDMA (a new RC QP in RTS)
 //   fork_child      the server forks; the parent closes its fd, the child
-//                   finishes the stream
+//                   finishes the stream: it must go onto RDMA again there (a
+//                   new RC QP in RTS), the only process left holding it
 //   fork_parent     the server forks; the child closes its fd and exits, the
-//                   parent finishes the stream
+//                   parent finishes the stream, on RDMA again
 //   fdpass          a worker forked before the connection existed receives the
 //                   upgraded socket over a UNIX socket (SCM_RIGHTS) and
 //                   finishes the stream; the server closes its copy
@@ -35,7 +36,7 @@
 //                   a second connection to the same host must stay on TCP
 //                   from its connect() on (the negative cache)
 // Every case must end with every byte delivered exactly once, both ends
-// back on TCP (on RDMA again after fail_*), and no error. Exit 0 pass, 1 fail, 77 no RDMA device.
+// back on TCP (on RDMA again after fail_* and fork_*), and no error. Exit 0 pass, 1 fail, 77 no RDMA device.
 //
 // Two hosts (tools/rxe-pair, tests/pair/): one end each, no action; faults
 // come from outside (link down, netem, rdma link delete). Each end prints
@@ -257,8 +258,14 @@ bool ready_to_act(Pump& p) {
   return true;
 }
 
-// `again`: a failed path (fail_*): once back on TCP the connection must
-// upgrade again, and end on RDMA with an RC QP in RTS.
+// The cases after which the connection upgrades again: a failed path
+// (fail_*), a fork that leaves one process holding it (fork_*).
+bool upgrades_again(const std::string& c) {
+  return c.rfind("fail", 0) == 0 || c.rfind("fork", 0) == 0;
+}
+
+// `again`: once back on TCP the connection must upgrade again, and end on
+// RDMA with an RC QP in RTS.
 void finish(Pump& p, bool want_rdma_seen, bool again = false, bool may_wait = false) {
   if (want_rdma_seen && !p.saw_rdma) fail("the connection never showed transport rdma");
   if (again) {
@@ -304,7 +311,7 @@ int client_main(uint16_t port, uint64_t total, const std::string& c) {
   p.seed_tx = 1;
   p.seed_rx = 2;
   p.total = total;
-  p.shut_waits_for_again = c.rfind("fail", 0) == 0;
+  p.shut_waits_for_again = upgrades_again(c);
   if (c == "failstay_client") p.again_wait_s = 4;
   std::string me = c.substr(c.find('_') + 1);
   bool failed = false;
@@ -324,7 +331,7 @@ int client_main(uint16_t port, uint64_t total, const std::string& c) {
     failed = c == "failstay_client";
     return !failed;
   });
-  finish(p, true, c == "fail_client" || c == "fail_server");
+  finish(p, true, upgrades_again(c) && c != "failstay_client");
   if (c == "lossy") {
     // Whichever end judged the path lossy keeps the other host on TCP: if
     // this end did, the next connect() starts no rendezvous at all; if only
@@ -643,7 +650,7 @@ int main(int argc, char** argv) {
   p.seed_tx = 2;
   p.seed_rx = 1;
   p.total = total;
-  p.shut_waits_for_again = c.rfind("fail", 0) == 0;
+  p.shut_waits_for_again = upgrades_again(c);
   if (c == "failstay_client") p.again_wait_s = 4;
   if (c == "lossy") p.reserve = total / 4;
   int rc = 0;
@@ -697,7 +704,8 @@ int main(int argc, char** argv) {
     return true;
   });
   // failstay: the server still waits for an attempt the client will not make.
-  if (!handed) finish(p, true, c == "fail_client" || c == "fail_server", c == "failstay_client");
+  if (!handed)
+    finish(p, true, upgrades_again(c) && c != "failstay_client", c == "failstay_client");
   if (strcmp(g_who, "child") == 0) _exit(0);
   if (c == "lossy") {
     for (int k = 2; k <= 3; k++) {

@@ -1,0 +1,56 @@
+// Holders: which processes hold a connection that fork() shared, and how
+// many bytes all of them moved on it (docs/DESIGN.md, "Upgrading again in the
+// new owner").
+//
+// A connection handed off at fork() (or still waiting for its rendezvous
+// then) is a plain TCP socket in two processes. It may go onto RDMA again
+// only in a process that is its only holder, and only from the exact stream
+// positions: so every holder counts its TCP bytes into a slot here, and
+// drops its holder count when its last fd of the socket closes. The slots
+// live in one MAP_SHARED mapping, made before the first fork that needs one
+// and inherited by every child (64 KiB, 2048 slots); a process tree whose
+// slots are all taken keeps further shared connections on TCP.
+//
+// A holder that stops counting (it went plain: exec, fd passing, a wait that
+// ran out) poisons the slot, and no holder upgrades from it again. A holder
+// that dies without closing (_exit, a signal: the kernel closes its fds)
+// is found by its pid (kPids of them are kept; a holder past those is only
+// counted): the first process to see it gone takes its count off. Lock-free;
+// any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace rsock::socket::holders {
+
+inline constexpr int kPids = 4;
+
+struct Slot {
+  std::atomic<int32_t> holders;  // processes holding the socket; 0: free
+  std::atomic<int32_t> poisoned;  // some holder moved bytes it did not count
+  std::atomic<uint64_t> tx, rx;   // stream positions: bytes each way, by all
+  std::atomic<int32_t> pids[kPids];  // holders by pid (0: none), as far as they fit
+};
+
+// Before fork(), in the process that forks: a free slot holding one (this
+// process) at positions tx/rx; nullptr if none (no mapping, all taken).
+Slot* claim(uint64_t tx, uint64_t rx);
+// One more holder (the child about to be forked: add; the child names itself
+// with enlist once it runs), or one fewer (a fork that failed, a process whose
+// last fd closed: release, which frees the slot when the count reaches zero
+// and takes this process's pid off).
+void add(Slot* s);
+void enlist(Slot* s);
+void release(Slot* s);
+void poison(Slot* s);
+inline bool sole(const Slot* s) { return s->holders.load(std::memory_order_acquire) == 1; }
+// Takes the counts of holders whose process is gone off the slot (a kill(0)
+// per other pid: the progress thread's tick, not the data path). Whether
+// this process is the only holder now.
+bool reap(Slot* s);
+inline bool poisoned(const Slot* s) { return s->poisoned.load(std::memory_order_acquire) != 0; }
+// Slots in use (tests).
+int in_use();
+
+}  // namespace rsock::socket::holders

@@ -1,0 +1,78 @@
+// socket/holders.h: the slots through which processes that share a
+// connection since fork() count its bytes and tell who is left holding it.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "socket/holders.h"
+
+using namespace rsock::socket;
+
+TEST_CASE("holders: a slot counts the bytes of every holder, across fork") {
+  holders::Slot* s = holders::claim(100, 200);
+  REQUIRE(s != nullptr);
+  CHECK(holders::sole(s));
+  holders::add(s);  // the child below
+  CHECK_FALSE(holders::sole(s));
+  int before = holders::in_use();
+  int go[2];
+  REQUIRE(pipe(go) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    holders::enlist(s);
+    s->tx.fetch_add(5);
+    s->rx.fetch_add(7);
+    char c;
+    if (read(go[0], &c, 1) != 1) _exit(2);
+    if (c == 'r') holders::release(s);  // closes its copy; else exits holding it
+    _exit(0);
+  }
+  s->tx.fetch_add(1);
+  REQUIRE(write(go[1], "r", 1) == 1);
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  CHECK(holders::sole(s));
+  CHECK(s->tx.load() == 106);
+  CHECK(s->rx.load() == 207);
+  CHECK_FALSE(holders::poisoned(s));
+  holders::release(s);
+  CHECK(holders::in_use() == before - 1);
+  close(go[0]);
+  close(go[1]);
+}
+
+TEST_CASE("holders: a holder that dies without releasing is reaped by its pid") {
+  holders::Slot* s = holders::claim(0, 0);
+  REQUIRE(s != nullptr);
+  holders::add(s);
+  int ready[2];
+  REQUIRE(pipe(ready) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    holders::enlist(s);
+    (void)!write(ready[1], "x", 1);
+    _exit(0);  // still a holder
+  }
+  char c;
+  REQUIRE(read(ready[0], &c, 1) == 1);
+  CHECK_FALSE(holders::sole(s));
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);  // gone (reaped)
+  CHECK(holders::reap(s));
+  CHECK(holders::sole(s));
+  CHECK(holders::reap(s));  // its count is taken off once
+  CHECK(holders::sole(s));
+  holders::poison(s);
+  CHECK(holders::poisoned(s));
+  holders::release(s);
+  // A freed slot is claimed afresh: not poisoned, new positions.
+  holders::Slot* t = holders::claim(9, 9);
+  REQUIRE(t != nullptr);
+  CHECK_FALSE(holders::poisoned(t));
+  holders::release(t);
+  close(ready[0]);
+  close(ready[1]);
+}
