@@ -1399,9 +1399,17 @@ void progress_before_fork() {
   // Handed off, or still waiting for a rendezvous: both processes hold the
   // socket now, and whichever is left holding it alone upgrades it again
   // (Stream::share_at_fork). The rest stays on TCP.
-  for (size_t i = 0; i < g_streams.size(); i++)
-    if (g_stream_owner[i] && !g_streams[i]->share_at_fork())
+  for (size_t i = 0; i < g_streams.size(); i++) {
+    if (!g_stream_owner[i]) continue;
+    if (!g_streams[i]->share_at_fork()) {
       g_streams[i]->fall_back(stats::FallbackReason::kForked);  // acts on pending ones only
+      continue;
+    }
+    // A claim this process published for it (it accepted on an inherited
+    // listener) would send the client's request here, where it cannot be
+    // taken now: the only holder publishes its own.
+    if (!g_claims.empty()) drop_claim(g_streams[i]);
+  }
 }
 
 void progress_before_exec() {

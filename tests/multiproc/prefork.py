@@ -26,7 +26,7 @@
 # thread group) and none owned by the master.
 import os, signal, socket, subprocess, sys, threading, time
 
-from rdma_env import echo_once, skip_unless_rdma
+from rdma_env import echo_once, qp_owners, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MASTER_EXITS = "--master-exits" in sys.argv
@@ -159,24 +159,6 @@ def client(i):
     except Exception as e:  # noqa: BLE001
         results[i] = "error %r" % (e,)
         arrived.release()
-
-
-def qp_owners():
-    # Thread group of every RC QP in RTS the kernel lists (the listing names
-    # the creating thread).
-    out = subprocess.run(["rdma", "resource", "show", "qp"], capture_output=True, text=True).stdout
-    owners = set()
-    for line in out.splitlines():
-        f = line.split()
-        if "RC" not in f or "RTS" not in f or "pid" not in f:
-            continue
-        tid = f[f.index("pid") + 1]
-        try:
-            with open("/proc/%s/status" % tid) as st:
-                owners.update(int(l.split()[1]) for l in st if l.startswith("Tgid:"))
-        except OSError:
-            pass
-    return owners
 
 
 threads = [threading.Thread(target=client, args=(i,)) for i in range(CONNS)]

@@ -1,7 +1,7 @@
 # rdma_env.py -- shared by the multiproc tests: exit 77 ("SKIP") unless this
 # host has a verbs device and ADDR is a local address to bind to; the
 # transport librsock reports for a socket; one verified echo as a client.
-import os, socket, sys, threading, time
+import os, socket, subprocess, sys, threading, time
 
 SOL_RSOCK, RSOCK_TRANSPORT, RSOCK_FALLBACK_REASON = 0x5253, 1, 4  # preload/librsock.h
 # util/stats_layout.h FallbackReason, for reports.
@@ -101,3 +101,21 @@ def echo_clients(addr, port, conns, n):
     for t in threads:
         t.join(180)
     return sum(1 for r in results if r), sorted(set().union(*seen))
+
+
+def qp_owners():
+    # Thread group of every RC QP in RTS the kernel lists (the listing names
+    # the creating thread).
+    out = subprocess.run(["rdma", "resource", "show", "qp"], capture_output=True, text=True).stdout
+    owners = set()
+    for line in out.splitlines():
+        f = line.split()
+        if "RC" not in f or "RTS" not in f or "pid" not in f:
+            continue
+        tid = f[f.index("pid") + 1]
+        try:
+            with open("/proc/%s/status" % tid) as st:
+                owners.update(int(l.split()[1]) for l in st if l.startswith("Tgid:"))
+        except OSError:
+            pass
+    return owners
