@@ -195,18 +195,33 @@ RSOCK_HOOK pid_t fork(void) noexcept {
 // The hook's scope ends before the exec itself: an exec that succeeds never
 // returns to end it, and in a vfork child the thread-local depth is the
 // parent's, which would then take every later call for a nested one.
-static void before_exec() {
+static void before_exec(bool replaces = true) {
   HookScope h;
   int saved = errno;
   if (h.outermost() && rsock::socket::tracking_enabled() && !rsock::socket::in_vfork_child())
-    rsock::socket::progress_before_exec();
+    rsock::socket::progress_before_exec(replaces);
   errno = saved;
+}
+
+// An exec that returns failed: this image goes on (see progress_exec_failed).
+static int after_exec(int r) {
+  HookScope h;
+  int saved = errno;
+  if (h.outermost() && rsock::socket::tracking_enabled() && !rsock::socket::in_vfork_child())
+    rsock::socket::progress_exec_failed();
+  errno = saved;
+  return r;
 }
 
 #define RSOCK_EXEC_HOOK(name, params, args) \
   RSOCK_HOOK int name params noexcept {     \
     before_exec();                          \
-    return real().name args;                \
+    return after_exec(real().name args);    \
+  }
+#define RSOCK_SPAWN_HOOK(name, params, args)     \
+  RSOCK_HOOK int name params noexcept {          \
+    before_exec(/*replaces=*/false);             \
+    return real().name args;                     \
   }
 RSOCK_EXEC_HOOK(execve, (const char* p, char* const a[], char* const e[]), (p, a, e))
 RSOCK_EXEC_HOOK(execv, (const char* p, char* const a[]), (p, a))
@@ -215,11 +230,11 @@ RSOCK_EXEC_HOOK(execvpe, (const char* f, char* const a[], char* const e[]), (f, 
 RSOCK_EXEC_HOOK(fexecve, (int fd, char* const a[], char* const e[]), (fd, a, e))
 RSOCK_EXEC_HOOK(execveat, (int d, const char* p, char* const a[], char* const e[], int f),
                 (d, p, a, e, f))
-RSOCK_EXEC_HOOK(posix_spawn,
+RSOCK_SPAWN_HOOK(posix_spawn,
                 (pid_t* pid, const char* p, const posix_spawn_file_actions_t* fa,
                  const posix_spawnattr_t* at, char* const a[], char* const e[]),
                 (pid, p, fa, at, a, e))
-RSOCK_EXEC_HOOK(posix_spawnp,
+RSOCK_SPAWN_HOOK(posix_spawnp,
                 (pid_t* pid, const char* f, const posix_spawn_file_actions_t* fa,
                  const posix_spawnattr_t* at, char* const a[], char* const e[]),
                 (pid, f, fa, at, a, e))
@@ -241,20 +256,20 @@ RSOCK_HOOK int execl(const char* p, const char* arg, ...) noexcept {
   RSOCK_EXECL_ARGV(arg)
   va_end(ap);
   before_exec();
-  return real().execv(p, const_cast<char* const*>(argv));
+  return after_exec(real().execv(p, const_cast<char* const*>(argv)));
 }
 RSOCK_HOOK int execlp(const char* f, const char* arg, ...) noexcept {
   RSOCK_EXECL_ARGV(arg)
   va_end(ap);
   before_exec();
-  return real().execvp(f, const_cast<char* const*>(argv));
+  return after_exec(real().execvp(f, const_cast<char* const*>(argv)));
 }
 RSOCK_HOOK int execle(const char* p, const char* arg, ...) noexcept {
   RSOCK_EXECL_ARGV(arg)
   char* const* env = va_arg(ap, char* const*);  // after the NULL
   va_end(ap);
   before_exec();
-  return real().execve(p, const_cast<char* const*>(argv), env);
+  return after_exec(real().execve(p, const_cast<char* const*>(argv), env));
 }
 
 // Handlers go in through librsock's trampoline (socket/signals.h), so that

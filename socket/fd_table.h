@@ -74,6 +74,8 @@ class FdTable {
   void reset_watch_locks_after_fork();
 
   size_t capacity() const { return capacity_; }
+  // The highest fd ever installed (-1: none): bounds a scan of the table.
+  int max_fd() const { return max_fd_.load(std::memory_order_acquire); }
 
  private:
   FdTable(std::atomic<Socket*>* slots, size_t capacity) : slots_(slots), capacity_(capacity) {}

@@ -998,6 +998,8 @@ void make_reachable(Stream* st, uint64_t now) {
     st->fall_back(stats::FallbackReason::kForked);  // quiet: it waited to upgrade again
     return;
   }
+  LOG_DEBUG("fd %d: the only holder now; the listener's owner redirects its request to rdma_cm "
+            "port %u", st->tcp_fd(), unsigned(side_port));
   g_claims.push_back({st, share, slot});
   add_awaiting(st);
 }
@@ -1412,11 +1414,45 @@ void progress_before_fork() {
   }
 }
 
-void progress_before_exec() {
+namespace {
+// Under g_mu: whether every fd naming `s` in this process closes on exec.
+bool closes_on_exec(Socket* s) {
+  FdTable* t = FdTable::get_if_exists();
+  if (!t || !s || t->max_fd() < 0) return false;
+  const unsigned hi = unsigned(t->max_fd());
+  bool any = false;
+  for (int fd = t->next_tracked(0, hi); fd >= 0; fd = t->next_tracked(unsigned(fd) + 1, hi)) {
+    SocketRef r = t->lookup(fd);
+    if (r.get() != s) continue;
+    int f = sys::libc.fcntl(fd, F_GETFD);
+    if (f < 0 || !(f & FD_CLOEXEC)) return false;
+    any = true;
+    if (unsigned(fd) == hi) break;
+  }
+  return any;
+}
+}  // namespace
+
+void progress_before_exec(bool replaces) {
   std::lock_guard lk(g_mu);
-  fall_back_pending(stats::FallbackReason::kHandedOff);
+  for (size_t i = 0; i < g_streams.size(); i++) {
+    Stream* st = g_streams[i];
+    if (!g_stream_owner[i] || !st->shared_by_fork()) continue;
+    if (!closes_on_exec(g_stream_owner[i])) continue;  // falls back below
+    if (replaces) st->release_for_exec();  // then falls back below: this image goes
+    else st->keep_at_spawn = true;         // not inherited: stays as it is
+  }
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (g_stream_owner[i] && !std::exchange(g_streams[i]->keep_at_spawn, false))
+      g_streams[i]->fall_back(stats::FallbackReason::kHandedOff);  // acts on pending ones only
   settle_switches();
   hand_off_streams(true, false);  // lingering ones would die with the image
+}
+
+void progress_exec_failed() {
+  std::lock_guard lk(g_mu);
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (g_stream_owner[i]) g_streams[i]->exec_failed();
 }
 
 void progress_at_exit() {

@@ -78,7 +78,16 @@ void progress_before_fork();
 // fds are then plain TCP sockets in the new image, and the ones closed on
 // exec end with the kernel's FIN after their last byte. If the exec fails,
 // the connections simply go on over TCP.
-void progress_before_exec();
+// `replaces`: an exec (this image goes away), not posix_spawn (this process
+// goes on; only the spawned image inherits). A connection shared since a
+// fork (Stream::share_at_fork) whose every fd here closes on exec is not
+// inherited: an exec gives this process's hold up (the others may upgrade
+// it), posix_spawn keeps it; any other shared one falls back, which tells
+// the others (its new image would move bytes nobody counts).
+void progress_before_exec(bool replaces);
+// The exec returned (it failed): connections whose hold it gave up are
+// poisoned, this process goes on with them uncounted.
+void progress_exec_failed();
 // exit(): the same hand-off, run from an atexit handler, so that what the
 // program wrote before exiting reaches its peer as on kernel TCP (which
 // delivers every byte, then the FIN, after the process is gone); on RDMA the

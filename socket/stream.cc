@@ -755,6 +755,8 @@ bool Stream::share_at_fork() {
   }
   holders::add(holders_);  // the child
   added_at_fork_ = true;
+  // Not the only holder any more: a claim not yet published must not be.
+  claim_wanted_.store(false, std::memory_order_relaxed);
   if (waiting && !reup_) {
     // Its first rendezvous waits now: a fallback until it is on RDMA.
     note_fallback(stats::FallbackReason::kForked);
@@ -815,6 +817,19 @@ void Stream::release_holders_locked() {
 void Stream::release_holders() {
   std::lock_guard lk(mu_);
   release_holders_locked();
+}
+
+void Stream::release_for_exec() {
+  std::lock_guard lk(mu_);
+  exec_released_ = holders_;
+  release_holders_locked();
+}
+
+void Stream::exec_failed() {
+  std::lock_guard lk(mu_);
+  // (The slot may be another connection's by now: poisoning it only keeps
+  // that one on TCP.)
+  if (exec_released_) holders::poison(std::exchange(exec_released_, nullptr));
 }
 
 // Under mu_: an attempt failed.
@@ -1461,6 +1476,11 @@ void Stream::detach_after_fork() {
   // The child's counters are its own: an upgrade here is its first.
   count_next_upgrade_ = true;
   if (holders_ && std::exchange(added_at_fork_, false)) holders::enlist(holders_);
+  // (The parent's request to be made reachable: found in one run of five
+  // of multiproc.socat_fork, where a child that socat forks to exec
+  // published a claim for its parent's connection, then exec'd, and the
+  // client was redirected to a listener that no longer existed.)
+  claim_wanted_.store(false, std::memory_order_relaxed);
   awaiting = false;  // the parent's list
   if (phase() == Phase::kPending) {
     if (!shared_.load(std::memory_order_relaxed)) set_phase(Phase::kPlain);

@@ -206,6 +206,11 @@ class Stream {
   bool shared_by_fork() const { return shared_.load(std::memory_order_acquire) || share_after_revert_; }
   // This process holds the socket no longer (its last fd closed, exit).
   void release_holders();
+  // exec with every fd of the socket close-on-exec: the hold is given up
+  // (the slot kept, so that an exec that fails poisons it: exec_failed).
+  void release_for_exec();
+  void exec_failed();
+  bool keep_at_spawn = false;  // progress_before_exec, under the registry's lock
   // A server stream that became the only holder: the progress thread makes
   // its next request reachable (its own listener, or a claim in the
   // listening socket's share table), once.
@@ -529,6 +534,7 @@ class Stream {
   uint64_t reap_at_ns_ = 0;           // next look for holders gone (holders::reap)
   std::atomic<bool> claim_wanted_{false};
   listen_share::Table* listen_table_ = nullptr;
+  holders::Slot* exec_released_ = nullptr;  // release_for_exec, until exec_failed
 };
 
 // The fallback reason for a connection whose rdma_cm setup failed, and

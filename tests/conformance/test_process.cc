@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -170,6 +171,27 @@ TEST_CASE("fork: a connection upgraded before fork() goes on in the parent, the 
   }
 }
 
+// A ping-pong of counters until both ends report RDMA (under
+// RSOCK_CONF_EXPECT_RDMA) or `ms` passed; every echo checked.
+static void pingpong_until_rdma(Pair& p, int64_t ms) {
+  int64_t end = now_ms() + ms;
+  uint32_t n = 0;
+  do {
+    n++;
+    REQUIRE(write_all(p.client, &n, sizeof n) == sizeof n);
+    uint32_t got = 0;
+    REQUIRE(read_exact(p.server, &got, sizeof got) == sizeof got);
+    REQUIRE(got == n);
+    REQUIRE(write_all(p.server, &got, sizeof got) == sizeof got);
+    REQUIRE(read_exact(p.client, &got, sizeof got) == sizeof got);
+    REQUIRE(got == n);
+    if (!expect_rdma() || (transport_of(p.client) == RSOCK_TRANSPORT_RDMA &&
+                           transport_of(p.server) == RSOCK_TRANSPORT_RDMA))
+      return;
+    usleep(20000);
+  } while (now_ms() < end);
+}
+
 // The parent goes on alone once the child is gone (here by _exit with both
 // copies open: the kernel closes them, no hook sees it), so the connection
 // upgrades again in the parent (docs/DESIGN.md, "Upgrading again in the new
@@ -192,28 +214,47 @@ TEST_CASE("fork: the child exits holding its copies, the parent's connection goe
   char b[8];
   REQUIRE(read_exact(p.client, b, 6) == 6);
   CHECK(memcmp(b, "before", 6) == 0);
-  // A request and its reply at a time, until both ends are on RDMA again.
-  int64_t end = now_ms() + 20000;
-  uint32_t n = 0;
-  do {
-    n++;
-    REQUIRE(write_all(p.client, &n, sizeof n) == sizeof n);
-    uint32_t got = 0;
-    REQUIRE(read_exact(p.server, &got, sizeof got) == sizeof got);
-    REQUIRE(got == n);
-    REQUIRE(write_all(p.server, &got, sizeof got) == sizeof got);
-    REQUIRE(read_exact(p.client, &got, sizeof got) == sizeof got);
-    REQUIRE(got == n);
-    if (!expect_rdma() || (transport_of(p.client) == RSOCK_TRANSPORT_RDMA &&
-                           transport_of(p.server) == RSOCK_TRANSPORT_RDMA))
-      break;
-    usleep(20000);
-  } while (now_ms() < end);
+  pingpong_until_rdma(p, 20000);  // until both ends are on RDMA again
   if (expect_rdma()) {
     CHECK(transport_of(p.client) == RSOCK_TRANSPORT_RDMA);
     CHECK(transport_of(p.server) == RSOCK_TRANSPORT_RDMA);
   }
   REQUIRE(write_all(p.server, "after", 5) == 5);
+  REQUIRE(read_exact(p.client, b, 5) == 5);
+  CHECK(memcmp(b, "after", 5) == 0);
+}
+
+// The child execs a program that outlives the test's exchange, with the
+// connection's fds close-on-exec: the new image does not hold the socket,
+// so the parent is its only holder from the exec on and upgrades it again
+// while the child still runs (docs/DESIGN.md, "Upgrading again in the new
+// owner").
+TEST_CASE("fork: the child execs with the connection close-on-exec, the parent's goes on (onto RDMA again)") {
+  Listener l = make_listener();
+  Pair p;
+  p.client = Fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(p.client >= 0);
+  REQUIRE(connect(p.client, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0);
+  p.server = Fd(accept4(l.fd, nullptr, nullptr, SOCK_CLOEXEC));
+  REQUIRE(p.server >= 0);
+  if (expect_rdma()) await_rdma(p);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    execl("/bin/sleep", "sleep", "30", (char*)nullptr);
+    _exit(127);
+  }
+  pingpong_until_rdma(p, 20000);
+  bool alive = waitpid(pid, nullptr, WNOHANG) == 0;
+  kill(pid, SIGKILL);
+  wait_child(pid);
+  CHECK(alive);  // so the hold went at the exec, not at the child's exit
+  if (expect_rdma()) {
+    CHECK(transport_of(p.client) == RSOCK_TRANSPORT_RDMA);
+    CHECK(transport_of(p.server) == RSOCK_TRANSPORT_RDMA);
+  }
+  REQUIRE(write_all(p.server, "after", 5) == 5);
+  char b[8];
   REQUIRE(read_exact(p.client, b, 5) == 5);
   CHECK(memcmp(b, "after", 5) == 0);
 }

@@ -119,3 +119,58 @@ def qp_owners():
         except OSError:
             pass
     return owners
+
+
+def held_echoes(addr, port, conns, n):
+    # `conns` concurrent echo_once() clients of n random bytes each (a 1 s
+    # pause after the first 64 KiB, so the upgrade lands mid-stream), every
+    # connection held open until all echoes are back; the RC QPs in RTS the
+    # kernel lists then (qp_owners(), only when librsock is preloaded).
+    # Returns (results, transports seen, fallback reasons, owners).
+    results, seen, whys = [None] * conns, [set() for _ in range(conns)], [[] for _ in range(conns)]
+    arrived, go = threading.Semaphore(0), threading.Event()
+
+    def client(i):
+        try:
+            results[i] = echo_once(addr, port, os.urandom(n), seen[i], chunk=65536,
+                                   pause_after_first=1, hold=(arrived, go), why=whys[i])
+        except Exception as e:  # noqa: BLE001
+            results[i] = "error %r" % (e,)
+            arrived.release()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(conns)]
+    for t in threads:
+        t.start()
+    for _ in range(conns):
+        arrived.acquire(timeout=180)
+    owners = qp_owners() if "librsock" in os.environ.get("LD_PRELOAD", "") else set()
+    go.set()
+    for t in threads:
+        t.join(180)
+    return results, seen, whys, owners
+
+
+def report_forked_server(name, results, seen, whys, owners, master):
+    # Every echo exact; under librsock, every connection on RDMA and RC QPs
+    # in RTS owned by more than one process other than the clients' and the
+    # master's. Exit status for the test.
+    conns = len(results)
+    preloaded = "librsock" in os.environ.get("LD_PRELOAD", "")
+    good = sum(1 for r in results if r is True)
+    rdma = sum(1 for s in seen if 2 in s)
+    children = owners - {os.getpid(), master}
+    print("%s: %d/%d echoes exact, %d/%d connections on RDMA, forked children with RC QPs "
+          "in RTS: %d, master with RC QPs: %s"
+          % (name, good, conns, rdma, conns, len(children), master in owners))
+    for i in range(conns):
+        if results[i] is not True or (preloaded and 2 not in seen[i]):
+            print("  connection %d: result %s, transports %s, fallback reason %s"
+                  % (i, results[i], sorted(seen[i]), ",".join(whys[i]) or "?"))
+    if good != conns:
+        print("FAIL: %d of %d echoes wrong or missing" % (conns - good, conns))
+        return 1
+    if preloaded and (rdma != conns or len(children) < 2 or master in owners):
+        print("FAIL: every connection must reach RDMA in the child serving it")
+        return 1
+    print("%s: PASS" % name)
+    return 0
