@@ -751,7 +751,10 @@ bool Stream::share_at_fork() {
   }
   if (!holders_) {
     holders_ = holders::claim(tcp_tx_, tcp_rx_);
-    if (!holders_) return false;
+    if (!holders_) {  // all taken: both processes keep it on TCP, uncounted
+      share_after_revert_ = false;
+      return false;
+    }
   }
   holders::add(holders_);  // the child
   added_at_fork_ = true;
@@ -1475,7 +1478,12 @@ void Stream::detach_after_fork() {
   (void)conn_.release();                     // the parent's; never touched here
   // The child's counters are its own: an upgrade here is its first.
   count_next_upgrade_ = true;
-  if (holders_ && std::exchange(added_at_fork_, false)) holders::enlist(holders_);
+  // Counted as a holder by this fork (share_at_fork), or not at all: then
+  // the slot is the parent's alone (a close here must not drop its count).
+  if (holders_) {
+    if (std::exchange(added_at_fork_, false)) holders::enlist(holders_);
+    else holders_ = nullptr;
+  }
   // (The parent's request to be made reachable: found in one run of five
   // of multiproc.socat_fork, where a child that socat forks to exec
   // published a claim for its parent's connection, then exec'd, and the
