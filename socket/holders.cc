@@ -68,11 +68,21 @@ void release(Slot* s) {
   s->holders.fetch_sub(1, std::memory_order_acq_rel);
 }
 
-bool reap(Slot* s) {
+bool reap(Slot* s, uint64_t now_ns) {
+  static std::atomic<int32_t> alive_pid{0};
+  static std::atomic<uint64_t> alive_until{0};
   int32_t me = getpid();
   for (auto& p : s->pids) {
     int32_t v = p.load(std::memory_order_acquire);
-    if (v == 0 || v == me || kill(v, 0) == 0 || errno != ESRCH) continue;
+    if (v == 0 || v == me) continue;
+    if (v == alive_pid.load(std::memory_order_acquire) &&
+        now_ns < alive_until.load(std::memory_order_acquire))
+      continue;
+    if (kill(v, 0) == 0 || errno != ESRCH) {
+      alive_pid.store(v, std::memory_order_release);
+      alive_until.store(now_ns + 100'000'000, std::memory_order_release);
+      continue;
+    }
     // Gone without closing: whoever clears its pid takes its count off.
     if (p.compare_exchange_strong(v, 0, std::memory_order_acq_rel))
       s->holders.fetch_sub(1, std::memory_order_acq_rel);

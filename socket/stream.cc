@@ -1040,7 +1040,7 @@ bool Stream::advance_locked(bool full) {
       bool sole = holders::sole(holders_);
       if (!sole && now >= reap_at_ns_) {
         reap_at_ns_ = now + kReapGapNs;
-        sole = holders::reap(holders_);
+        sole = holders::reap(holders_, now);
       }
       if (sole || holders::poisoned(holders_)) {
         become_sole();

@@ -26,7 +26,7 @@
 # thread group) and none owned by the master.
 import os, signal, socket, subprocess, sys, threading, time
 
-from rdma_env import echo_once, qp_owners, skip_unless_rdma
+from rdma_env import held_echoes, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MASTER_EXITS = "--master-exits" in sys.argv
@@ -148,30 +148,9 @@ if MASTER_CLOSES:
     # tick of the workers
     time.sleep(5)
 
-results, transports, whys = [None] * CONNS, [set() for _ in range(CONNS)], [[] for _ in range(CONNS)]
-arrived, go = threading.Semaphore(0), threading.Event()
-
-
-def client(i):
-    try:
-        results[i] = echo_once(ADDR, port, os.urandom(N), transports[i], chunk=65536,
-                               pause_after_first=1, hold=(arrived, go), why=whys[i])
-    except Exception as e:  # noqa: BLE001
-        results[i] = "error %r" % (e,)
-        arrived.release()
-
-
-threads = [threading.Thread(target=client, args=(i,)) for i in range(CONNS)]
-for t in threads:
-    t.start()
-# Every connection's echo is back and the connection still open: its QP is
-# listed now, however quickly (or slowly) the transfers ran.
-for _ in range(CONNS):
-    arrived.acquire(timeout=180)
-qp_seen = qp_owners()
-go.set()
-for t in threads:
-    t.join(180)
+# Every connection's echo is back and the connection still open when the QPs
+# are listed, however quickly (or slowly) the transfers ran.
+results, transports, whys, qp_seen = held_echoes(ADDR, port, CONNS, N)
 time.sleep(0.5)  # the workers' served files
 died = []
 if os.path.exists(tag + ".died"):

@@ -43,6 +43,35 @@ TEST_CASE("holders: a slot counts the bytes of every holder, across fork") {
   close(go[1]);
 }
 
+TEST_CASE("holders: a live holder is looked up once per 100 ms, then found gone") {
+  holders::Slot* s = holders::claim(0, 0);
+  REQUIRE(s != nullptr);
+  holders::add(s);
+  int go[2], ready[2];
+  REQUIRE(pipe(go) == 0);
+  REQUIRE(pipe(ready) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    holders::enlist(s);
+    (void)!write(ready[1], "x", 1);
+    char c;
+    (void)!read(go[0], &c, 1);
+    _exit(0);  // still a holder
+  }
+  char c;
+  REQUIRE(read(ready[0], &c, 1) == 1);
+  const uint64_t t = 1'000'000'000'000;
+  CHECK_FALSE(holders::reap(s, t));  // alive
+  REQUIRE(write(go[1], "x", 1) == 1);
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  CHECK_FALSE(holders::reap(s, t + 50'000'000));  // trusted alive for 100 ms
+  CHECK(holders::reap(s, t + 150'000'000));       // looked up again: gone
+  holders::release(s);
+  for (int fd : {go[0], go[1], ready[0], ready[1]}) close(fd);
+}
+
 TEST_CASE("holders: a holder that dies without releasing is reaped by its pid") {
   holders::Slot* s = holders::claim(0, 0);
   REQUIRE(s != nullptr);
@@ -61,9 +90,9 @@ TEST_CASE("holders: a holder that dies without releasing is reaped by its pid") 
   CHECK_FALSE(holders::sole(s));
   int st = 0;
   REQUIRE(waitpid(pid, &st, 0) == pid);  // gone (reaped)
-  CHECK(holders::reap(s));
+  CHECK(holders::reap(s, 1));
   CHECK(holders::sole(s));
-  CHECK(holders::reap(s));  // its count is taken off once
+  CHECK(holders::reap(s, 2));  // its count is taken off once
   CHECK(holders::sole(s));
   holders::poison(s);
   CHECK(holders::poisoned(s));
