@@ -38,6 +38,7 @@
 #include "transport/listener.h"
 #include "transport/path_quality.h"
 #include "util/log.h"
+#include "util/no_destroy.h"
 #include "util/owned_fds.h"
 #include "util/stats.h"
 #include "util/clock.h"
@@ -617,7 +618,9 @@ struct PortWatch {
   uint64_t lossy_until_ns = 0;
   bool seen = false;
 };
-std::vector<PortWatch> g_ports;
+// (Never destroyed: the progress thread may still tick during exit.)
+constinit util::NoDestroy<std::vector<PortWatch>> g_ports_storage;
+std::vector<PortWatch>& g_ports = g_ports_storage.value;
 uint64_t g_next_loss_check_ns = 0;
 
 PortWatch* port_watch(const Stream::PortLook& look) {
@@ -875,7 +878,9 @@ sockaddr_storage cm_address(const sockaddr_storage& a) {
   return out;
 }
 
-std::vector<NegativeEntry> g_negative;
+// (Never destroyed: connect() may run in another thread during exit.)
+constinit util::NoDestroy<std::vector<NegativeEntry>> g_negative_storage;
+std::vector<NegativeEntry>& g_negative = g_negative_storage.value;
 
 // The negative cache has its own lock: streams record failures while holding
 // their own lock, which must never wait for the registry's.

@@ -25,6 +25,7 @@
 #include "socket/tcp_hub.h"
 #include "transport/cq_hub.h"
 #include "util/clock.h"
+#include "util/no_destroy.h"
 #include "util/owned_fds.h"
 #include "util/sys.h"
 
@@ -413,7 +414,9 @@ std::atomic<EpollSet*>* sets() {
 
 // Every set ever created, for epoll_take_over().
 std::mutex g_all_mu;
-std::vector<std::pair<int, EpollSet*>> g_all;  // constant-initialised
+// (Constant-initialised and never destroyed: hooks may run during exit.)
+constinit util::NoDestroy<std::vector<std::pair<int, EpollSet*>>> g_all_storage;
+std::vector<std::pair<int, EpollSet*>>& g_all = g_all_storage.value;
 
 EpollSet* set_of(int epfd) {
   auto* table = g_sets_ptr.load(std::memory_order_acquire);

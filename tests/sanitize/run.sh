@@ -16,7 +16,7 @@ if [ ! -f "$B/CMakeCache.txt" ]; then
     -DRSOCK_WERROR=ON >/dev/null || exit 1
 fi
 cmake --build "$B" -j2 --target rsock rsock_conformance rsock_revert rsock_switch_test \
-  rsock_transport_vmtest rsock_fork_after_listen >/dev/null || {
+  rsock_transport_vmtest rsock_fork_after_listen rsock_exit_race >/dev/null || {
   cmake --build "$B" -j1 --target rsock 2>&1 | tail -20; exit 1; }
 ASAN_RT=$(gcc -print-file-name=libasan.so)
 UBSAN_RT=$(gcc -print-file-name=libubsan.so)
@@ -34,6 +34,13 @@ if ! LD_PRELOAD=$PRE "$B/tests/conformance/rsock_conformance" >"$B/conf-native.l
 else
   tail -3 "$B/conf-native.log"
 fi
+echo "== native: main returns while a thread is in the hooks (no librsock global destroyed)"
+if ! LD_PRELOAD=$PRE "$B/tests/sanitize/rsock_exit_race" 20 >"$B/exit-race.log" 2>&1; then
+  grep -m1 -A40 -E '==[0-9]+==ERROR|runtime error:' "$B/exit-race.log"; tail -5 "$B/exit-race.log"
+  echo "FAIL: exit_race under ASan+UBSan"; fail=1
+else
+  tail -1 "$B/exit-race.log"
+fi
 if why=$(tools/rxe-vm --check 2>&1); then
   echo "== VM: conformance over rxe, reverse switch, switch tests with the sanitized librsock"
   cat > "$B/in_vm.sh" <<IN
@@ -42,22 +49,25 @@ export ASAN_OPTIONS=$ASAN_OPTIONS UBSAN_OPTIONS=$UBSAN_OPTIONS
 P="$PRE"
 rc=0
 cd /tmp
+# A failing run shows the sanitizer's report itself (its stack), not only
+# the log's tail, which is mostly the shadow-byte legend.
+report() { grep -m1 -A60 -E '==[0-9]+==ERROR|runtime error:' "\$1"; tail -30 "\$1"; }
 # Real IPv6 for the dual-stack cases, as upgrade.conformance sets it up.
 ip -6 addr add fd77::1/64 dev rxe-eth0 nodad 2>/dev/null
 sleep 1
-LD_PRELOAD=\$P RSOCK_CONF_EXPECT_RDMA=1 RSOCK_CONF_IPV4=10.77.0.1 RSOCK_CONF_IPV6=fd77::1 $B/tests/conformance/rsock_conformance > conf.log 2>&1 || { tail -40 conf.log; echo "FAIL: conformance over rxe"; rc=1; }
+LD_PRELOAD=\$P RSOCK_CONF_EXPECT_RDMA=1 RSOCK_CONF_IPV4=10.77.0.1 RSOCK_CONF_IPV6=fd77::1 $B/tests/conformance/rsock_conformance > conf.log 2>&1 || { report conf.log; echo "FAIL: conformance over rxe"; rc=1; }
 tail -3 conf.log
 for c in revert_client fail_server fork_child fork_parent fdpass; do
-  LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=10000 $B/tests/upgrade/rsock_revert \$c 4 > rv.log 2>&1 || { tail -30 rv.log; echo "FAIL: revert \$c"; rc=1; }
+  LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=10000 $B/tests/upgrade/rsock_revert \$c 4 > rv.log 2>&1 || { report rv.log; echo "FAIL: revert \$c"; rc=1; }
   grep -h PASS rv.log
 done
 for c in a_bidirectional_across_switch d_forged_request_upgraded_connection e_forged_request_plain_client f_hostile_offer_after_switch f3_hostile_unknown_control_after_switch f4_hostile_tcp_bytes_after_switch; do
-  LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=5000 $B/tests/upgrade/rsock_switch_test -tc=\$c > sw.log 2>&1 || { tail -30 sw.log; echo "FAIL: switch \$c"; rc=1; }
+  LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=5000 $B/tests/upgrade/rsock_switch_test -tc=\$c > sw.log 2>&1 || { report sw.log; echo "FAIL: switch \$c"; rc=1; }
   tail -1 sw.log
 done
 # listen() then fork() at once: the child must not inherit a lock of the
 # progress thread's start-up (the sanitizer's allocator: it hung here).
-LD_PRELOAD=\$P $B/tests/multiproc/rsock_fork_after_listen 10.77.0.1 60 > fal.log 2>&1 || { tail -30 fal.log; echo "FAIL: fork_after_listen"; rc=1; }
+LD_PRELOAD=\$P $B/tests/multiproc/rsock_fork_after_listen 10.77.0.1 60 > fal.log 2>&1 || { report fal.log; echo "FAIL: fork_after_listen"; rc=1; }
 tail -1 fal.log
 # Preforked workers: fork children with their own verbs contexts, the
 # shared listen table, redirects, and vfork (the test samples QPs through
@@ -66,12 +76,12 @@ tail -1 fal.log
 # slow host once timed a worker's rendezvous out (the test then names each
 # connection's fallback reason).
 for v in "" --master-exits --reuseport-each; do
-  LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=20000 python3 $SRC/tests/multiproc/prefork.py 10.77.0.1 \$v > pf.log 2>&1 || { tail -30 pf.log; echo "FAIL: multiproc prefork \$v"; rc=1; }
+  LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=20000 python3 $SRC/tests/multiproc/prefork.py 10.77.0.1 \$v > pf.log 2>&1 || { report pf.log; echo "FAIL: multiproc prefork \$v"; rc=1; }
   grep -h "^prefork" pf.log
 done
 # Hostile peers against the transport, itself built with the sanitizers.
 for c in hostile foreign_rkey; do
-  $B/tests/rdma/rsock_transport_vmtest \$c > tr.log 2>&1 || { tail -30 tr.log; echo "FAIL: transport \$c"; rc=1; }
+  $B/tests/rdma/rsock_transport_vmtest \$c > tr.log 2>&1 || { report tr.log; echo "FAIL: transport \$c"; rc=1; }
   tail -1 tr.log
 done
 exit \$rc
