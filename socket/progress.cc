@@ -59,10 +59,10 @@ constexpr uint64_t kOwnerTag = uint64_t{1} << 42;  // kOwnerTag | pidfd of a lis
 constexpr uint64_t kTakeOverGapNs = 20'000'000, kTakeOverGapMaxNs = 1'000'000'000;
 // An upgraded connection keeps this many fds of its own: none. The TCP
 // socket is the application's fd until the application closes it, epoll
-// sets are woken through their own poke fd (Socket::watches); only a
-// blocking call or the poll/select emulation that sleeps on the stream
-// creates its wake eventfd (Stream::wake_fd). So the check is only that
-// librsock is below its half of the fd limit.
+// sets are woken through their own poke fd (Socket::watches), and a
+// blocking call or the poll/select emulation sleeps on its thread's wake
+// eventfd (thread_wake_fd: one per sleeping thread, none per socket). So
+// the check is only that librsock is below its half of the fd limit.
 constexpr int kFdsPerStream = 0;
 
 // How often the thread looks at an upgraded stream: often enough for its
@@ -826,8 +826,7 @@ bool fd_room(Socket* s) {
   static std::atomic<bool> warned{false};
   if (!warned.exchange(true))
     log::write_line(log::Level::kWarn,
-                    "half of the fd limit (RLIMIT_NOFILE) is in use by librsock (1 fd per "
-                    "upgraded connection that a blocking call or poll() waits on): new "
+                    "half of the fd limit (RLIMIT_NOFILE) is in use by librsock: new "
                     "connections stay on TCP. Raise it with "
                     "`ulimit -n` (or LimitNOFILE= for a systemd service)");
   s->note_fallback(stats::FallbackReason::kFdLimit);
@@ -1512,6 +1511,7 @@ void progress_after_fork_child() {
   transport::cq_hub::after_fork_child();
   tcp_hub::after_fork_child();
   transport::contexts_after_fork_child();
+  thread_wake_after_fork_child();
   Registry* old = g_reg_ptr.load();
   Registry* fresh = new Registry();
   g_reg_ptr.store(fresh);

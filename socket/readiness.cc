@@ -107,6 +107,7 @@ struct WaitScratch {
   std::vector<pollfd> kfds, sleep_set, select_set;
   std::vector<nfds_t> kidx;
   std::vector<uint64_t> seen;
+  std::vector<uint8_t> slotted;  // poll: this thread is in stream i's sleepers
   std::vector<Stream*> epoll_streams;
   std::vector<uint64_t> epoll_seen;
 };
@@ -166,11 +167,11 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     int ready = 0;
     kfds.clear();
     kidx.clear();
+    if (full) drain_thread_wake();  // a syscall: not while spinning
     for (nfds_t i = 0; i < n; i++) {
       fds[i].revents = 0;
       if (streams[i]) {
         seen[i] = streams[i]->generation();
-        if (full) streams[i]->consume_wake();  // a syscall: not while spinning
         short ev = streams[i]->poll_events(fds[i].events, full);
         if (ev >= 0) {
           fds[i].revents = ev;
@@ -194,27 +195,33 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     int ready = scan(true);
     if (ready || dl.expired()) return ready;
     if (spin(active, [&] { return (ready = scan(false)) > 0; })) return ready;
-    // Sleep on the kernel fds plus each stream's own fds.
-    Stream* any_st = nullptr;  // its wake fd is in the sleep set
-    for (nfds_t i = 0; i < n && !any_st; i++) any_st = streams[i];
-    SignalWatch::Sleep sleep(mask, any_st ? any_st->wake_fd() : -1);
+    // Sleep on the kernel fds plus each stream's own fds, and this thread's
+    // wake fd (once), entered in every stream's sleepers.
+    bool any_st = false;
+    for (nfds_t i = 0; i < n && !any_st; i++) any_st = streams[i] != nullptr;
+    const int wake = any_st ? thread_wake_fd() : -1;
+    SignalWatch::Sleep sleep(mask, wake);
     if (signals.check()) return Err(EINTR);  // poll is never restarted
     auto& wait = ws.sleep_set;
     wait.assign(kfds.begin(), kfds.end());
     bool still = true;  // no stream changed since the scan
     const int hub = transport::cq_hub::fd();
     size_t hub_at = SIZE_MAX;  // once, not once per stream: every stream shares it
-    bool no_wake = false;      // a stream without a wake fd: sleep in slices
+    bool no_wake = false;      // a stream that cannot poke us: sleep in slices
+    if (wake >= 0) wait.push_back({wake, POLLIN, 0});
+    auto& slotted = ws.slotted;
+    slotted.assign(n, 0);
     for (nfds_t i = 0; i < n; i++) {
       if (!streams[i]) continue;
       pollfd w[3];
       int k = streams[i]->wait_fds(fds[i].events, w);
-      no_wake |= w[0].fd < 0;
-      for (int j = 0; j < k; j++) {
+      for (int j = 1; j < k; j++) {  // (w[0] is the thread's wake fd)
         if (w[j].fd == hub && hub_at != SIZE_MAX) continue;
         if (w[j].fd == hub) hub_at = wait.size();
         wait.push_back(w[j]);
       }
+      slotted[i] = streams[i]->add_sleeper(wake);
+      no_wake |= !slotted[i];
       still &= streams[i]->sleep_begin(seen[i]);
     }
     timespec buf, zero{};
@@ -222,8 +229,11 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     if (no_wake) left = at_most_slice(left);
     int r = sys::libc.ppoll(wait.data(), wait.size(), left, sleep.mask());
     int err = errno;
-    for (nfds_t i = 0; i < n; i++)
-      if (streams[i]) streams[i]->sleep_end();
+    for (nfds_t i = 0; i < n; i++) {
+      if (!streams[i]) continue;
+      streams[i]->sleep_end();
+      if (slotted[i]) streams[i]->remove_sleeper(wake);
+    }
     // Woken by the completion hub: its events go to their connections.
     if (r > 0 && hub_at != SIZE_MAX && (wait[hub_at].revents & POLLIN)) transport::cq_hub::poll();
     if (r < 0) return Err(err);
@@ -780,17 +790,12 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
         if (!resume) resume = &r;
       }
       if (!r.disarmed && n < max && look) {
-        // Only what fired costs syscalls: the wake eventfd is read if it
-        // fired; otherwise the completion queue is polled (memory only; a
+        // Only what fired costs syscalls: otherwise the completion queue
+        // is polled (memory only; a
         // CQ whose event the hub took is re-armed there, and a connection
         // with rdma_cm events queued gets its full progress: Stream).
         bool deep = full;
-        if (full && set->shadow >= 0 && on_rdma && !r.dirty_all) {
-          if (r.fired & kFiredWake) st->consume_wake();
-          deep = false;
-        } else if (full) {
-          st->consume_wake();
-        }
+        if (full && set->shadow >= 0 && on_rdma && !r.dirty_all) deep = false;
         if (full) {
           r.dirty = false;
           r.dirty_all = false;
@@ -855,8 +860,7 @@ void refresh(EpollSet* set, bool full) {
       continue;
     }
     if (full) {
-      st->consume_wake();
-      r.dirty = r.dirty_all = true;  // its wakeup is consumed here: the next collect must look
+      r.dirty = r.dirty_all = true;  // looked at outside collect: the next collect must look
       visit(set, r);
     }
     short ev = st->poll_events(to_poll(r.events), full);

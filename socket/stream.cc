@@ -127,7 +127,6 @@ Stream::~Stream() {
   stats::close_conn(slot_);
   Backlog::release(std::exchange(backlog_, nullptr));
   unwatch_tcp_locked();  // (nobody else can reach the stream now)
-  sys::close_owned(wake_fd_.load(std::memory_order_relaxed));
   // Our dup, if the application closed its number: the kernel's FIN (or
   // RST) now. Never the application's own number (a stream deleted while
   // the application holds it: one that failed to start).
@@ -146,33 +145,86 @@ Stream::Scratch::Scratch(Stream& s) : s_(s) {
 
 
 
-void Stream::consume_wake() {
+namespace {
+// Thread wake fds are never closed while the process may still poke them: a
+// poker loads a sleeper's fd, the sleeper wakes, its thread exits; were the
+// fd closed then, the application could get its number and the late poke
+// would write 8 bytes into the application's file. An exiting thread
+// parks its fd here for the next thread instead (a pool as large as the
+// most threads that ever slept at once; a stale poke in a parked fd is
+// read at its next owner's first sleep). Lock-free: threads exit anywhere.
+constexpr int kParkedWakeFds = 256;
+std::atomic<int> g_parked_wake[kParkedWakeFds];  // 0-initialised: see park()
+// Slots hold fd + 1, so that zero-initialised storage reads as empty
+// (thread exits can come before our dynamic initialisers run).
+int take_parked() {
+  for (auto& slot : g_parked_wake) {
+    int v = slot.load(std::memory_order_relaxed);
+    if (v != 0 && slot.compare_exchange_strong(v, 0, std::memory_order_acq_rel)) return v - 1;
+  }
+  return -1;
+}
+struct ThreadWake {
+  int fd = -1;
+  ~ThreadWake() {
+    if (fd < 0) return;
+    for (auto& slot : g_parked_wake) {
+      int empty = 0;
+      if (slot.compare_exchange_strong(empty, fd + 1, std::memory_order_acq_rel)) {
+        fd = -1;
+        return;
+      }
+    }
+    sys::close_owned(std::exchange(fd, -1));  // more than kParkedWakeFds parked: rare
+  }
+};
+thread_local ThreadWake t_wake __attribute__((tls_model("initial-exec")));
+}  // namespace
+
+int thread_wake_fd() {
+  if (t_wake.fd < 0) t_wake.fd = take_parked();
+  if (t_wake.fd < 0) t_wake.fd = sys::own_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  return t_wake.fd;
+}
+
+void drain_thread_wake() {
   uint64_t v;
-  if (int fd = wake_fd_.load(std::memory_order_acquire); fd >= 0)
-    (void)!sys::libc.read(fd, &v, sizeof v);
+  if (t_wake.fd >= 0) (void)!sys::libc.read(t_wake.fd, &v, sizeof v);
 }
 
-int Stream::wake_fd() {
-  if (int fd = wake_fd_.load(std::memory_order_acquire); fd >= 0) return fd;
-  std::lock_guard lk(mu_);
-  return wake_fd_locked();
+void thread_wake_after_fork_child() {
+  // (Only the forking thread exists here: nothing pokes.)
+  if (t_wake.fd >= 0) sys::close_owned(std::exchange(t_wake.fd, -1));
+  for (auto& slot : g_parked_wake)
+    if (int v = slot.exchange(0, std::memory_order_relaxed); v != 0) sys::close_owned(v - 1);
 }
 
-int Stream::wake_fd_locked() {
-  int fd = wake_fd_.load(std::memory_order_relaxed);
-  if (fd >= 0) return fd;
-  fd = sys::own_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  // seq_cst: a wake() whose generation bump the sleeper's check does not
-  // see reads this store (wake(): bump, then load).
-  if (fd >= 0) wake_fd_.store(fd, std::memory_order_seq_cst);
-  return fd;
+bool Stream::add_sleeper(int fd) {
+  if (fd < 0) return false;
+  for (auto& slot : sleeper_fds_) {
+    int free_slot = -1;
+    if (slot.compare_exchange_strong(free_slot, fd, std::memory_order_seq_cst)) return true;
+  }
+  return false;
+}
+
+void Stream::remove_sleeper(int fd) {
+  for (auto& slot : sleeper_fds_) {
+    int mine = fd;
+    if (slot.compare_exchange_strong(mine, -1, std::memory_order_acq_rel)) return;
+  }
+}
+
+void Stream::poke_sleepers() {
+  uint64_t one = 1;
+  for (auto& slot : sleeper_fds_)
+    if (int fd = slot.load(std::memory_order_seq_cst); fd >= 0)
+      (void)!sys::libc.write(fd, &one, sizeof one);
 }
 
 void Stream::wake() {
   gen_.fetch_add(1, std::memory_order_seq_cst);
-  uint64_t one = 1;
-  if (int fd = wake_fd_.load(std::memory_order_seq_cst); fd >= 0)
-    (void)!sys::libc.write(fd, &one, sizeof one);
+  poke_sleepers();
   push_watches();
 }
 
@@ -1006,11 +1058,7 @@ void Stream::announce() {
   // seq_cst pairs with sleep_begin(): either this sees the sleeper and
   // pokes it, or the sleeper sees the new generation and does not sleep.
   gen_.fetch_add(1, std::memory_order_seq_cst);
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-    uint64_t one = 1;
-    if (int fd = wake_fd_.load(std::memory_order_seq_cst); fd >= 0)
-      (void)!sys::libc.write(fd, &one, sizeof one);
-  }
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) poke_sleepers();
   // Epoll registrations learn of it through their sets' ready lists.
   push_watches();
 }
@@ -1473,6 +1521,9 @@ void Stream::detach_after_fork() {
   // The tcp_hub instance is the parent's (tcp_hub::after_fork_child): its
   // entry is never deleted from here.
   hub_fd_.store(-1, std::memory_order_relaxed);
+  // Parent threads asleep on it at fork: their wake fds are not ours to poke.
+  for (auto& slot : sleeper_fds_) slot.store(-1, std::memory_order_relaxed);
+  sleepers_.store(0, std::memory_order_relaxed);
   // Nor is the progress thread's idle-TCP watch ours (a new registry here).
   tcp_watched = tcp_watch_armed = false;
   (void)conn_.release();                     // the parent's; never touched here

@@ -62,6 +62,17 @@ const char* phase_name(Phase p);
 // long before it looks again.
 inline constexpr int kNoWakeSliceMs = 10;
 
+// The calling thread's wake eventfd (created on first use, closed when the
+// thread exits; -1 if none could be created): what its blocking calls and
+// poll/select emulation sleep on, and what a signal handler that runs
+// during such a sleep pokes.
+int thread_wake_fd();
+// Reads the calling thread's wake fd empty (old pokes), if it has one.
+void drain_thread_wake();
+// fork child: the forking thread's wake fd is the parent's eventfd (one
+// open file): a poke read in one process would be lost to the other.
+void thread_wake_after_fork_child();
+
 // Pseudo-errno of a call made while the stream stopped governing the socket
 // (it fell back to plain TCP): the caller redoes the call on the kernel.
 inline constexpr int kRedoPlain = 1000;
@@ -290,14 +301,18 @@ class Stream {
   // tcp_hub, under cm_hub::mu(): the TCP socket fired `events`.
   void tcp_event(uint32_t events);
   stats::ConnSlot* slot() const { return slot_; }
-  void wake();              // pokes waiters (wake_fd_, epoll registrations)
+  void wake();              // pokes waiters (sleeper fds, epoll registrations)
   void completion_event();  // cq_hub: pokes only the waiters that need it
-  // The eventfd that blocking calls and the poll/select emulation sleep on,
-  // created at the first such sleep (a program that only uses epoll never
-  // has one: issue 11, no library fd per connection); -1 if it could not
-  // be created (the sleeper then sleeps in short slices).
-  int wake_fd();
-  void consume_wake();      // clears wake_fd_ before readiness is recomputed
+  // Blocking calls and the poll/select emulation sleep on their thread's
+  // wake eventfd (thread_wake_fd()), entered here for the sleep: one
+  // library fd per sleeping thread, none per connection (issue 11: a
+  // poll() program with 1000 upgraded sockets under ulimit -n 1024). False
+  // when all kSleeperSlots are taken (more threads asleep on this one
+  // socket): that sleeper sleeps in kNoWakeSliceMs slices instead. Enter
+  // before sleep_begin(): a change after its generation check then finds
+  // the fd (both seq_cst).
+  bool add_sleeper(int fd);
+  void remove_sleeper(int fd);
   // Bumped on every change waiters care about.
   uint64_t generation() const { return gen_.load(std::memory_order_seq_cst); }
   // Edge-triggered epoll (readiness.cc) reports arrivals, not internal
@@ -456,10 +471,11 @@ class Stream {
   // Under mu_: whether data may come over TCP (the tcp_hub entry is wanted).
   bool tcp_hub_wanted() const;
   void unwatch_tcp_locked();
-  // eventfd, readable when sleepers must re-check; -1 until the first sleep
-  // that needs it (wake_fd(), under mu_).
-  std::atomic<int> wake_fd_{-1};
-  int wake_fd_locked();
+  // The wake fds of the threads asleep on this stream (add_sleeper), -1 in
+  // a free slot; poked by every change waiters care about.
+  static constexpr int kSleeperSlots = 4;
+  std::atomic<int> sleeper_fds_[kSleeperSlots] = {-1, -1, -1, -1};
+  void poke_sleepers();
   const bool client_;
   sockaddr_storage local_{}, peer_{};
   stats::ConnSlot* slot_;

@@ -478,7 +478,7 @@ short Stream::peek_events(short interest) {
 int Stream::wait_fds(short interest, pollfd* out) {
   int n = 0;
   std::lock_guard lk(mu_);
-  out[n++] = {wake_fd_locked(), POLLIN, 0};
+  out[n++] = {thread_wake_fd(), POLLIN, 0};
   bool tcp = tcp_rx_open() || tcp_tx_open() ||
              (phase() == Phase::kSwitching && (offer_rcvd_ || ready_rcvd_));
   if (phase() == Phase::kReverting && tcp_fd_ >= 0) {
@@ -521,12 +521,14 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals) {
   short ev = poll_events(interest);
   if (ev < 0 || (ev & (interest | POLLERR | POLLHUP))) return 0;
   int err = 0;
-  // Without a wake fd (none could be created) nothing would end the sleep
-  // for a change here: sleep in slices and look again.
-  if (fds[0].fd < 0 && (timeout_ms < 0 || timeout_ms > kNoWakeSliceMs))
-    timeout_ms = kNoWakeSliceMs;
+  // Without a wake fd in the stream's sleepers (none could be created, or
+  // every slot is taken) nothing would end the sleep for a change here:
+  // sleep in slices and look again.
+  const bool slotted = add_sleeper(fds[0].fd);
+  if (!slotted && (timeout_ms < 0 || timeout_ms > kNoWakeSliceMs)) timeout_ms = kNoWakeSliceMs;
   if (sleep_begin(seen)) err = restartable_poll(fds, nfds_t(n), timeout_ms, signals);
   sleep_end();
+  if (slotted) remove_sleeper(fds[0].fd);
   // Woken by the completion hub: the event is read by the next progress()
   // (the caller looks at the CQ first, which needs no syscall), as it was
   // with a channel per connection: reading it here put a syscall between

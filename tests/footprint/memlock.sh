@@ -14,9 +14,11 @@
 #     program's own fd, epoll sets are woken through their own poke fd), so
 #     no EMFILE, every byte correct, at least 720 of the 800 sockets (90 %)
 #     on RDMA and no fd_limit warning.
+#  4. as 3, under poll() instead of epoll: no library fd per socket either
+#     (the sleeping thread's one wake fd), at most 850 fds open at the end.
 set -uo pipefail
 BUILD=$(cd "$1" && pwd) IP=$2
-LIB=$BUILD/librsock.so
+LIB=${MEMLOCK_LIB:-$BUILD/librsock.so}  # MEMLOCK_LIB: try another build
 ECHO=$BUILD/tests/readiness/rsock_epoll_echo
 if ! ls /sys/class/infiniband 2>/dev/null | grep . >/dev/null; then echo "SKIP: no RDMA device"; exit 77; fi
 ip -o addr show 2>/dev/null | grep " ${IP}/" >/dev/null || { echo "SKIP: $IP is not local"; exit 77; }
@@ -69,5 +71,22 @@ check "fds: no fd_limit warning (got $warn)" $([ "$warn" = 0 ]; echo $?)
 # (With 1 fd per upgraded socket, before epoll sets were woken by pushes,
 # these 800 sockets could not all fit; with 2, about 250 of 400 did.)
 check "fds: at least 720 of 800 sockets on RDMA (got ${rdma:-0})" $([ "${rdma:-0}" -ge 720 ]; echo $?)
-echo "memlock: $((11 - fail)) passed, $fail failed"
+# 4. The same under poll(): each blocking or poll() sleep used to create a
+# wake eventfd per upgraded socket it slept on (800 here: the fd limit).
+# Now a sleeping thread has one, entered in the sockets it sleeps on.
+MEMLOCK=268435456 NOFILE=1024 as_user "$T/d" "$ECHO" "$IP" --conns 400 --bytes 20000 --await-settled --poll
+rc=$?
+grep -v '^ *$' "$T/d" | head -20
+rdma=$(sed -n 's/^transport: rdma=\([0-9]*\).*/\1/p' "$T/d")
+fds=$(sed -n 's/^fds: \([0-9]*\)/\1/p' "$T/d")
+check "poll: 400 connections under ulimit -n 1024: exit 0 and every byte echoed" \
+  $([ $rc = 0 ] && grep -q '^ok 400' "$T/d"; echo $?)
+check "poll: at least 720 of 800 sockets on RDMA (got ${rdma:-0})" $([ "${rdma:-0}" -ge 720 ]; echo $?)
+# 800 sockets, the listener, stdio; librsock's per-process fds (hubs, the
+# thread's wake fd, verbs and rdma_cm): a few dozen at most, none per socket.
+check "poll: no library fd per socket (${fds:-?} fds open at the end, 801 to 850)" \
+  $([ -n "$fds" ] && [ "$fds" -gt 800 ] && [ "$fds" -le 850 ]; echo $?)
+check "poll: no EMFILE, no fd_limit warning" \
+  $(! grep -qi 'too many open files\|EMFILE\|half of the fd limit' "$T/d"; echo $?)
+echo "memlock: $((15 - fail)) passed, $fail failed"
 [ $fail = 0 ]

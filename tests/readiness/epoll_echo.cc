@@ -8,7 +8,11 @@
 // livelock while harvesting its internal fds.
 //
 //   rsock_epoll_echo IP [--conns N] [--bytes B] [--et] [--await-rdma] [--oneshot]
-//                       [--await-settled]
+//                       [--await-settled] [--poll]
+// --poll: the same loop on poll() over every unfinished socket (level-
+// triggered), and at the end "fds: N", the process's open fds (librsock's
+// included): a poll() program's upgraded sockets must cost no library fd
+// each (issue 11).
 // --await-settled: wait until no socket is still upgrading, print
 // "transport: rdma=X tcp=Y" and go on (for tests that expect some to stay
 // on TCP, e.g. at the pinned-memory limit).
@@ -19,6 +23,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <dirent.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -84,7 +90,7 @@ int main(int argc, char** argv) {
   const char* ip = argv[1];
   int conns = 50;
   size_t bytes = 200000;
-  bool et = false, await_rdma = false, oneshot = false, await_settled = false;
+  bool et = false, await_rdma = false, oneshot = false, await_settled = false, use_poll = false;
   for (int i = 2; i < argc; i++) {
     std::string a = argv[i];
     if (a == "--conns" && i + 1 < argc) conns = atoi(argv[++i]);
@@ -93,6 +99,7 @@ int main(int argc, char** argv) {
     else if (a == "--oneshot") oneshot = true;
     else if (a == "--await-rdma") await_rdma = true;
     else if (a == "--await-settled") await_settled = true;
+    else if (a == "--poll") use_poll = true;
     else {
       fprintf(stderr, "epoll_echo: unknown argument %s\n", a.c_str());
       return 2;
@@ -169,22 +176,52 @@ int main(int argc, char** argv) {
   if (ep < 0) die("epoll_create1");
   for (size_t i = 0; i < cs.size(); i++) {
     fcntl(cs[i].fd, F_SETFL, fcntl(cs[i].fd, F_GETFL) | O_NONBLOCK);
+    if (use_poll) continue;
     epoll_event ev{};
     ev.events = mask_of(cs[i], et, oneshot);
     ev.data.u64 = i;
     if (epoll_ctl(ep, EPOLL_CTL_ADD, cs[i].fd, &ev) != 0) die("epoll_ctl ADD");
   }
 
+  if (use_poll) {
+    // An idle poll first: nothing is readable yet, so it sleeps on every
+    // socket at once (where each used to get a wake fd of its own).
+    std::vector<pollfd> idle;
+    for (auto& c : cs) idle.push_back({c.fd, POLLIN, 0});
+    if (poll(idle.data(), idle.size(), 300) != 0) {
+      fprintf(stderr, "epoll_echo: the idle poll saw an event\n");
+      return 1;
+    }
+  }
   int clients_left = conns;
   double t0 = now_s();
   std::vector<uint8_t> buf(65536);
   std::vector<epoll_event> evs(size_t(conns) * 2 + 1);
+  std::vector<pollfd> pfds;
+  std::vector<size_t> pidx;
   while (clients_left > 0) {
     // asyncio's selector asks for as many events as it has registrations.
-    int n = epoll_wait(ep, evs.data(), int(evs.size()), 30000);
+    int n;
+    if (use_poll) {
+      pfds.clear();
+      pidx.clear();
+      for (size_t i = 0; i < cs.size(); i++) {
+        if (cs[i].done) continue;
+        pfds.push_back({cs[i].fd, short(mask_of(cs[i], false, false)), 0});
+        pidx.push_back(i);
+      }
+      n = poll(pfds.data(), pfds.size(), 30000);
+      if (n > 0) {
+        n = 0;
+        for (size_t k = 0; k < pfds.size(); k++)
+          if (pfds[k].revents) evs[size_t(n++)].data.u64 = pidx[k];
+      }
+    } else {
+      n = epoll_wait(ep, evs.data(), int(evs.size()), 30000);
+    }
     if (n < 0) {
       if (errno == EINTR) continue;
-      die("epoll_wait");
+      die(use_poll ? "poll" : "epoll_wait");
     }
     if (n == 0) {
       fprintf(stderr, "epoll_echo: no event for 30 s with %d clients unfinished\n", clients_left);
@@ -239,6 +276,7 @@ int main(int argc, char** argv) {
       epoll_event ev{};
       ev.events = mask_of(c, et, oneshot);
       ev.data.u64 = evs[k].data.u64;
+      if (use_poll) continue;
       if (c.done) epoll_ctl(ep, EPOLL_CTL_DEL, c.fd, nullptr);
       else if (oneshot || !et) epoll_ctl(ep, EPOLL_CTL_MOD, c.fd, &ev);
     }
@@ -248,6 +286,16 @@ int main(int argc, char** argv) {
   double secs = now_s() - t0;
   printf("echo conns=%d bytes=%zu seconds=%.3f mibps=%.2f\n", conns, bytes, secs,
          secs > 0 ? double(conns) * double(bytes) / secs / 1048576.0 : 0.0);
+  if (use_poll) {
+    int fds = 0;
+    if (DIR* d = opendir("/proc/self/fd")) {
+      while (dirent* e = readdir(d)) fds += e->d_name[0] != '.';
+      closedir(d);
+      printf("fds: %d\n", fds - 1);  // (not the directory's own)
+    } else {
+      printf("fds: none left to count them (%s)\n", strerror(errno));
+    }
+  }
   printf("ok %d\n", conns);
   return 0;
 }
