@@ -790,10 +790,10 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
         if (!resume) resume = &r;
       }
       if (!r.disarmed && n < max && look) {
-        // Only what fired costs syscalls: otherwise the completion queue
-        // is polled (memory only; a
-        // CQ whose event the hub took is re-armed there, and a connection
-        // with rdma_cm events queued gets its full progress: Stream).
+        // A resting stream on RDMA costs no syscall: only its completion
+        // queue is polled (memory only; a CQ whose event the hub took is
+        // re-armed there, and a connection with rdma_cm events queued gets
+        // its full progress: Stream).
         bool deep = full;
         if (full && set->shadow >= 0 && on_rdma && !r.dirty_all) deep = false;
         if (full) {

@@ -154,9 +154,9 @@ namespace {
 // most threads that ever slept at once; a stale poke in a parked fd is
 // read at its next owner's first sleep). Lock-free: threads exit anywhere.
 constexpr int kParkedWakeFds = 256;
-std::atomic<int> g_parked_wake[kParkedWakeFds];  // 0-initialised: see park()
 // Slots hold fd + 1, so that zero-initialised storage reads as empty
 // (thread exits can come before our dynamic initialisers run).
+std::atomic<int> g_parked_wake[kParkedWakeFds];
 int take_parked() {
   for (auto& slot : g_parked_wake) {
     int v = slot.load(std::memory_order_relaxed);

@@ -62,8 +62,8 @@ const char* phase_name(Phase p);
 // long before it looks again.
 inline constexpr int kNoWakeSliceMs = 10;
 
-// The calling thread's wake eventfd (created on first use, closed when the
-// thread exits; -1 if none could be created): what its blocking calls and
+// The calling thread's wake eventfd (created on first use, or taken from
+// those exited threads parked; -1 if none could be had): what its blocking calls and
 // poll/select emulation sleep on, and what a signal handler that runs
 // during such a sleep pokes.
 int thread_wake_fd();
