@@ -2,6 +2,7 @@
 // fork. They keep the fd table an exact image of which fds name which socket.
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <signal.h>
@@ -164,6 +165,24 @@ RSOCK_HOOK int ioctl(int fd, unsigned long req, ...) noexcept {
   if (r == 0 && req == FIONBIO && arg)
     if (auto s = h.tracked(fd)) s->set_nonblocking(*static_cast<const int*>(arg) != 0);
   return h.pass(r);
+}
+
+// libuv (so Node, and every program built on it) closes its fds with
+// syscall(SYS_close, fd), not close(): unseen, such a close left the fd
+// table naming a dead socket, and a connection passed to a worker counted
+// its sender as a holder forever. So raw closes take the close path too;
+// every other number goes straight through. (Like glibc's own syscall(),
+// this reads six arguments whatever the call has: registers or stack
+// words the callee ignores.)
+RSOCK_HOOK long syscall(long nr, ...) noexcept {
+  va_list ap;
+  va_start(ap, nr);
+  long a[6];
+  for (long& x : a) x = va_arg(ap, long);
+  va_end(ap);
+  if (nr == SYS_close) return close(int(a[0]));
+  if (nr == SYS_close_range) return close_range(unsigned(a[0]), unsigned(a[1]), int(a[2]));
+  return real().syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
 
 RSOCK_HOOK pid_t fork(void) noexcept {

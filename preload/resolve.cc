@@ -26,11 +26,15 @@ int missing() {
 [[noreturn]] void fatal_missing(const char* name) {
   // Without the real read/write/... we cannot run the program at all, and
   // there is nothing sane to pass through to.
-  // Raw syscalls: write() would be our own hook, which needs this table.
-  const char msg[] = "librsock: fatal: cannot resolve libc function ";
-  syscall(SYS_write, STDERR_FILENO, msg, sizeof msg - 1);
-  syscall(SYS_write, STDERR_FILENO, name, strlen(name));
-  syscall(SYS_write, STDERR_FILENO, "\n", 1);
+  // Raw syscalls: write() would be our own hook, which needs this table,
+  // and so would syscall() (hooked for libuv's raw closes): libc's own.
+  using Raw = long (*)(long, ...);
+  if (auto raw = reinterpret_cast<Raw>(dlsym(RTLD_NEXT, "syscall"))) {
+    const char msg[] = "librsock: fatal: cannot resolve libc function ";
+    raw(SYS_write, STDERR_FILENO, msg, sizeof msg - 1);
+    raw(SYS_write, STDERR_FILENO, name, strlen(name));
+    raw(SYS_write, STDERR_FILENO, "\n", 1);
+  }
   _exit(127);
 }
 

@@ -111,6 +111,7 @@ extern "C" sighandler_t bsd_signal(int sig, sighandler_t handler) noexcept;
 // The variadic ones, resolved alongside: X(name, type of the pointer)
 using RsockFcntlFn = int (*)(int, int, ...);
 using RsockIoctlFn = int (*)(int, unsigned long, ...);
+using RsockSyscallFn = long (*)(long, ...);
 // execl/execlp/execle are hooked for the switch back before exec; their hooks
 // build the argument vector and call execv/execvp/execve, so these pointers
 // are resolved (and exported) but not called.
@@ -119,6 +120,7 @@ using RsockExeclFn = int (*)(const char*, const char*, ...);
   X(fcntl, RsockFcntlFn)       \
   X(fcntl64, RsockFcntlFn)     \
   X(ioctl, RsockIoctlFn)       \
+  X(syscall, RsockSyscallFn)   \
   X(execl, RsockExeclFn)       \
   X(execlp, RsockExeclFn)      \
   X(execle, RsockExeclFn)

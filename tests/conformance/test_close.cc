@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <string>
@@ -465,4 +466,33 @@ TEST_CASE("close: I/O on a closed fd is EBADF") {
   errno = 0;
   CHECK(send(nul, "x", 1, 0) == -1);
   CHECK(errno == ENOTSOCK);
+}
+
+// libuv (Node) closes with syscall(SYS_close): the peer must still get every
+// byte and then EOF, and the number must be free for the next socket, as
+// with close(). (Unseen by librsock, such a close left an upgraded
+// connection without its FIN and the fd table naming a dead socket.)
+TEST_CASE("close: syscall(SYS_close) of a connection: every byte, then EOF; the number is closed") {
+  Pair p = connected_pair();
+  REQUIRE(write_all(p.server, "bye", 3) == 3);
+  int fd = p.server.release();
+  REQUIRE(syscall(SYS_close, fd) == 0);
+  errno = 0;
+  CHECK(syscall(SYS_close, fd) == -1);
+  CHECK(errno == EBADF);
+  std::string got;
+  bool eof = false;
+  read_to_eof(p.client, &got, &eof);
+  CHECK(got == "bye");
+  CHECK(eof);
+  // The number names nothing now, for librsock too.
+  char b;
+  errno = 0;
+  CHECK(send(fd, "x", 1, MSG_NOSIGNAL) == -1);
+  CHECK(errno == EBADF);
+  errno = 0;
+  CHECK(recv(fd, &b, 1, MSG_DONTWAIT) == -1);
+  CHECK(errno == EBADF);
+  // Other raw calls go through unchanged.
+  CHECK(syscall(SYS_getpid) == getpid());
 }
