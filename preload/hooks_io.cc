@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "preload/hook.h"
+#include "socket/rendezvous.h"
 #include "socket/process.h"
 #include "socket/stream.h"
 #include "util/clock.h"
@@ -358,12 +359,15 @@ RSOCK_TX_HOOK(ssize_t, sendto,
               fd, TX1(b, n, f), sendto(fd, b, n, f, a, l))
 // fd passing: an upgraded socket sent with SCM_RIGHTS switches back to TCP
 // first (the reverse switch), so the receiving process gets a plain TCP
-// socket it can use, and may upgrade again; one still in its rendezvous
-// stays on TCP, one in the middle of its switch finishes it first
-// (Stream::give_away). Only messages with ancillary data pay for the look.
-static void hand_off_passed_fds(HookScope& h, const struct msghdr* m) {
+// socket it can use; one in the middle of its switch finishes it first
+// (Stream::give_away). Unless a client's rendezvous was in flight, it is
+// left shared (socket/holders.h, claim_passed), and the receiver upgrades it
+// again once it is the only holder. Only messages with ancillary data pay
+// for the look. `sent`: after the real call, whether it went out (false: no
+// receiver will enlist).
+template <typename F>
+static void for_passed_streams(HookScope& h, const struct msghdr* m, F&& f) {
   if (m == nullptr || m->msg_controllen == 0 || m->msg_control == nullptr) return;
-  uint64_t deadline = 0;
   for (cmsghdr* c = CMSG_FIRSTHDR(m); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(m), c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -373,14 +377,21 @@ static void hand_off_passed_fds(HookScope& h, const struct msghdr* m) {
       std::memcpy(&pfd, fds + i, sizeof pfd);
       auto s = h.tracked(pfd);
       if (!s) continue;
-      rsock::socket::Stream* st = s->stream();
-      if (st == nullptr || !st->governs()) continue;
-      if (deadline == 0)
-        deadline = rsock::now_ns() +
-                   uint64_t{rsock::socket::process_config().tunables.upgrade_timeout_ms} * 1000000;
-      (void)st->give_away(deadline);
+      if (rsock::socket::Stream* st = s->stream()) f(s, st);
     }
   }
+}
+
+static void hand_off_passed_fds(HookScope& h, const struct msghdr* m) {
+  uint64_t deadline = 0;
+  for_passed_streams(h, m, [&](const rsock::socket::SocketRef& s, rsock::socket::Stream* st) {
+    if (!st->governs()) return;
+    if (deadline == 0)
+      deadline = rsock::now_ns() +
+                 uint64_t{rsock::socket::process_config().tunables.upgrade_timeout_ms} * 1000000;
+    (void)st->give_away(deadline);
+    rsock::socket::socket_passing(s.get());
+  });
 }
 
 RSOCK_HOOK ssize_t sendmsg(int fd, const struct msghdr* m, int f) noexcept {
@@ -391,7 +402,14 @@ RSOCK_HOOK ssize_t sendmsg(int fd, const struct msghdr* m, int f) noexcept {
     return h.io_tx(s, real().sendmsg(fd, m, f));
   }
   hand_off_passed_fds(h, m);
-  return real().sendmsg(fd, m, f);
+  ssize_t r = real().sendmsg(fd, m, f);
+  const bool failed = r < 0;
+  int e = errno;
+  for_passed_streams(h, m, [&](const rsock::socket::SocketRef&, rsock::socket::Stream* st) {
+    st->pass_done(failed);
+  });
+  errno = e;
+  return r;
 }
 RSOCK_TX_HOOK(ssize_t, sendfile, (int o, int in, off_t* off, size_t n), o,
               rsock::preload::stream_sendfile(h, s, in, reinterpret_cast<off64_t*>(off), n, &out),

@@ -71,7 +71,10 @@ void adopt_received_fds(const struct msghdr* m) {
       int fl = real().fcntl(fd, F_GETFL);
       track_new(fd, domain, listening ? Role::kListener : Role::kAccepted, fl >= 0 && (fl & O_NONBLOCK));
       if (!listening)
-        if (auto s = socket::lookup(fd)) s->open_stats(fd, stats::Direction::kServer, nullptr, true);
+        if (auto s = socket::lookup(fd)) {
+          s->open_stats(fd, stats::Direction::kServer, nullptr, true);
+          socket::adopt_passed(s.get(), fd);  // its sender may have left it to upgrade here
+        }
     }
   }
 }

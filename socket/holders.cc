@@ -5,6 +5,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+
+#include "util/clock.h"
+#include "util/user_shm.h"
 
 namespace rsock::socket::holders {
 namespace {
@@ -90,6 +94,107 @@ bool reap(Slot* s, uint64_t now_ns) {
   return sole(s);
 }
 void poison(Slot* s) { s->poisoned.store(1, std::memory_order_release); }
+
+namespace {
+
+// A passed slot: the holders' Slot first (the calls above take it), then the
+// key a receiver finds it by.
+struct Passed {
+  Slot slot;
+  std::atomic<uint64_t> ino;      // the socket's inode (0: none)
+  std::atomic<uint64_t> born_ns;  // claimed at (CLOCK_MONOTONIC)
+  std::atomic<int32_t> client;    // the role of the socket's end
+};
+constexpr int kPassedSlots = 1024;
+constexpr size_t kPassedBytes = sizeof(Passed) * kPassedSlots;
+// A slot still held this long after its claim, by no process that is
+// alive, was left by holders that died or never enlisted (a receiver
+// without librsock): it is taken again.
+constexpr uint64_t kStaleNs = 600ull * 1000000000;
+
+std::atomic<Passed*> g_passed{nullptr};
+
+// `create`: a sender makes the table; a receiver only looks (no sender
+// ever made it: nothing to find, and no file left behind).
+Passed* passed(bool create) {
+  Passed* p = g_passed.load(std::memory_order_acquire);
+  if (p) return p;
+  char name[64];
+  snprintf(name, sizeof name, "/librsock-held-%u", unsigned(geteuid()));
+  auto* fresh = static_cast<Passed*>(sys::map_user_shm(name, kPassedBytes, create));
+  if (!fresh) return nullptr;
+  if (g_passed.compare_exchange_strong(p, fresh, std::memory_order_acq_rel)) return fresh;
+  munmap(fresh, kPassedBytes);
+  return p;
+}
+
+bool stale(Passed& p, uint64_t now) {
+  if (p.born_ns.load(std::memory_order_acquire) + kStaleNs > now) return false;
+  for (auto& pid : p.slot.pids) {
+    int32_t v = pid.load(std::memory_order_acquire);
+    if (v != 0 && (kill(v, 0) == 0 || errno != ESRCH)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Slot* claim_passed(uint64_t ino, bool client, uint64_t tx, uint64_t rx) {
+  Passed* all = passed(true);
+  if (!all || ino == 0) return nullptr;
+  const uint64_t now = now_ns();
+  Passed* got = nullptr;
+  for (int round = 0; round < 2 && !got; round++) {
+    for (int i = 0; i < kPassedSlots; i++) {
+      Passed& p = all[i];
+      int32_t h = p.slot.holders.load(std::memory_order_acquire);
+      if (round == 0 && h > 0 && p.ino.load(std::memory_order_relaxed) == ino) {
+        // An older socket's (this inode's socket is new): nobody can look
+        // it up any more; freed by its holders, or as stale.
+        p.ino.store(0, std::memory_order_relaxed);
+        poison(&p.slot);
+      }
+      if (got || (h > 0 && (round == 0 || !stale(p, now)))) continue;
+      if (!p.slot.holders.compare_exchange_strong(h, 1, std::memory_order_acq_rel)) continue;
+      got = &p;
+    }
+  }
+  if (!got) return nullptr;
+  got->slot.poisoned.store(0, std::memory_order_relaxed);
+  got->slot.tx.store(tx, std::memory_order_relaxed);
+  got->slot.rx.store(rx, std::memory_order_relaxed);
+  for (auto& p : got->slot.pids) p.store(0, std::memory_order_relaxed);
+  got->slot.pids[0].store(getpid(), std::memory_order_relaxed);
+  got->client.store(client ? 1 : 0, std::memory_order_relaxed);
+  got->born_ns.store(now, std::memory_order_relaxed);
+  got->ino.store(ino, std::memory_order_release);
+  return &got->slot;
+}
+
+Slot* find_passed(uint64_t ino, bool* client) {
+  Passed* all = passed(false);
+  if (!all || ino == 0) return nullptr;
+  Passed* best = nullptr;
+  for (int i = 0; i < kPassedSlots; i++) {
+    Passed& p = all[i];
+    if (p.ino.load(std::memory_order_acquire) != ino ||
+        p.slot.holders.load(std::memory_order_acquire) <= 0)
+      continue;
+    if (!best || p.born_ns.load(std::memory_order_relaxed) > best->born_ns.load(std::memory_order_relaxed))
+      best = &p;
+  }
+  if (!best) return nullptr;
+  *client = best->client.load(std::memory_order_relaxed) != 0;
+  return &best->slot;
+}
+
+bool is_passed(const Slot* s) {
+  auto* all = reinterpret_cast<const char*>(g_passed.load(std::memory_order_acquire));
+  auto* at = reinterpret_cast<const char*>(s);
+  return all && at >= all && at < all + kPassedBytes;
+}
+
+void drop(Slot* s) { s->holders.fetch_sub(1, std::memory_order_acq_rel); }
 
 int in_use() {
   Slot* all = g_slots.load(std::memory_order_acquire);

@@ -55,4 +55,29 @@ inline bool poisoned(const Slot* s) { return s->poisoned.load(std::memory_order_
 // Slots in use (tests).
 int in_use();
 
+// --- Passed connections (fd passing; docs/DESIGN.md, "Upgrading again in
+// the receiver"). A socket sent with SCM_RIGHTS reaches a process that
+// shares no memory with the sender (Node's cluster workers are fork+exec'd),
+// so these slots live in a per-user named mapping,
+// /dev/shm/librsock-held-UID (mode 0600, refused if another user owns it or
+// others may write it; 1024 slots, about 80 KiB, left for the next
+// program), keyed by the socket's inode, which every process holding the
+// socket sees alike. Same Slot, same calls as above; only how one is found
+// differs.
+//
+// The sender, before its message goes out: a slot for the socket with
+// inode `ino` holding one (this process) at positions tx/rx, its role
+// (client: the end that connected); nullptr if the table cannot be had or
+// is full. An older slot with the same inode is freed: that socket is gone
+// (inodes are reused only after the last close), so nobody holds it.
+Slot* claim_passed(uint64_t ino, bool client, uint64_t tx, uint64_t rx);
+// The receiver: the slot the sender claimed for the socket with inode
+// `ino`, nullptr if none (a sender without librsock, or one that kept it on
+// TCP); *client: its role.
+Slot* find_passed(uint64_t ino, bool* client);
+// Whether `s` is a passed slot (a fork's slot cannot be found by a receiver).
+bool is_passed(const Slot* s);
+// One holder fewer that never enlisted (a message that did not go out).
+void drop(Slot* s);
+
 }  // namespace rsock::socket::holders

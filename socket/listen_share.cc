@@ -1,9 +1,7 @@
 #include "socket/listen_share.h"
 
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,6 +9,7 @@
 #include <cstring>
 
 #include "util/sys.h"
+#include "util/user_shm.h"
 
 namespace rsock::socket::listen_share {
 
@@ -70,17 +69,21 @@ Table* open_group(const sockaddr* addr, uint16_t port) {
   char name[96];
   snprintf(name, sizeof name, "/librsock-rp-%u-%016llx%016llx-%u", unsigned(geteuid()),
            (unsigned long long)hi, (unsigned long long)lo, unsigned(port));
-  int fd = shm_open(name, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) return nullptr;
-  struct stat st{};
-  void* p = MAP_FAILED;
-  // Only a table this user alone can write: another user's would let it
-  // steer our clients' requests.
-  if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && (st.st_mode & 077) == 0 &&
-      (st.st_size >= off_t(sizeof(Table)) || ftruncate(fd, sizeof(Table)) == 0))
-    p = mmap(nullptr, sizeof(Table), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  sys::libc.close(fd);
-  return p == MAP_FAILED ? nullptr : static_cast<Table*>(p);
+  return static_cast<Table*>(sys::map_user_shm(name, sizeof(Table)));
+}
+
+Table* open_passed() {
+  static std::atomic<Table*> t{nullptr};
+  if (Table* p = t.load(std::memory_order_acquire)) return p;
+  char name[64];
+  snprintf(name, sizeof name, "/librsock-pass-%u", unsigned(geteuid()));
+  Table* p = static_cast<Table*>(sys::map_user_shm(name, sizeof(Table)));
+  Table* none = nullptr;
+  if (p && !t.compare_exchange_strong(none, p, std::memory_order_acq_rel)) {
+    munmap(p, sizeof(Table));  // another thread's mapping won
+    return none;
+  }
+  return p;
 }
 
 int publish(Table* t, const sockaddr* client, uint16_t client_port, uint16_t server_port,

@@ -43,6 +43,13 @@ Table* create();
 // the group ends (about 12 KiB; the next group on that port reuses it).
 // nullptr if it cannot be had.
 Table* open_group(const sockaddr* addr, uint16_t port);
+// The table of connections passed between processes with SCM_RIGHTS
+// (socket/holders.h, claim_passed): a server stream that arrived that way
+// and became its only holder publishes its side listener here, and the
+// listening socket's owner (the process that passed it, typically) looks
+// here too. /dev/shm/librsock-pass-UID, one per user, with the checks of
+// open_group; mapped once per process. nullptr if it cannot be had.
+Table* open_passed();
 // A child that accepted: publishes the connection for ttl_ns from now_ns
 // (CLOCK_MONOTONIC, the same in every process). Ports in network order,
 // side_port in host order. The slot number, or -1 if the table is full.

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <time.h>
@@ -389,8 +390,14 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
   return false;
 }
 
+// Once this process passed a server connection to another (SCM_RIGHTS) or
+// received one: the per-user table through which a receiver that became
+// its only holder asks the listener's owner to redirect (open_passed).
+std::atomic<listen_share::Table*> g_passed_share{nullptr};
+
 // Under g_mu: a request none of our streams matches may be for a connection
-// a fork child accepted on the shared listening socket: redirect it there.
+// a fork child accepted on the shared listening socket, or one passed to
+// another process: redirect it there.
 bool try_redirect(transport::IncomingRequest& req, transport::Listener* via,
                   listen_share::Table* share, uint64_t now) {
   wire::RendezvousRequest rq{};
@@ -428,7 +435,9 @@ void service_listeners(uint64_t now) {
       // unless we are out of fds, when its connection cannot have a stream:
       // "no resources" keeps the client from blaming (caching) this peer.
       if (try_match(*r, l.listener.get())) continue;
-      if (try_redirect(*r, l.listener.get(), l.share, now)) continue;
+      if (try_redirect(*r, l.listener.get(), l.share, now) ||
+          try_redirect(*r, l.listener.get(), g_passed_share.load(std::memory_order_acquire), now))
+        continue;
       if (!sys::owned_fd_room(kFdsPerStream) || !transport::pinned::maps_fit()) {
         l.listener->reject(std::move(*r), transport::RejectReason::kNoResources);
         continue;
@@ -439,7 +448,8 @@ void service_listeners(uint64_t now) {
   for (size_t i = 0; i < g_requests.size();) {
     auto& pr = g_requests[i];
     if (!pr.req.valid() || try_match(pr.req, pr.via) ||
-        try_redirect(pr.req, pr.via, pr.share, now)) {
+        try_redirect(pr.req, pr.via, pr.share, now) ||
+        try_redirect(pr.req, pr.via, g_passed_share.load(std::memory_order_acquire), now)) {
       g_requests.erase(g_requests.begin() + long(i));
     } else if (now > g_requests[i].expires_ns) {
       // Unknown connection: dropping the request rejects it (kRefused).
@@ -1078,6 +1088,53 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
   }
   poke();  // a request may already be waiting for this connection
   return st;
+}
+
+void socket_passing(Socket* s) {
+  Stream* st = s->stream();
+  if (st == nullptr || st->client()) return;
+  // This process may own the listener the client's request reaches.
+  if (!g_passed_share.load(std::memory_order_acquire))
+    g_passed_share.store(listen_share::open_passed(), std::memory_order_release);
+  // A claim this process published (it accepted on an inherited listener)
+  // would send the request here; the receiver publishes its own.
+  std::lock_guard lk(g_mu);
+  if (!g_claims.empty()) drop_claim(st);
+}
+
+void adopt_passed(Socket* s, int fd) {
+  struct stat sb{};
+  bool client = false;
+  // (No device: no sender here left it shared.)
+  if (!rdma_available() || fstat(fd, &sb) != 0) return;
+  holders::Slot* h = holders::find_passed(uint64_t(sb.st_ino), &client);
+  if (h == nullptr) return;  // its sender kept it on TCP, or ran without librsock
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof local, pl = sizeof peer;
+  bool ok = sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&
+            sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0;
+  const auto* rule = reinterpret_cast<const sockaddr*>(client ? &peer : &local);
+  ok = ok && process_config().tunables.reupgrade && !io_uring_started() &&
+       eligible(client ? config::Direction::kClient : config::Direction::kServer, rule) &&
+       !(client && negative_cache_hit(peer)) && fd_room(s) && maps_room(s);
+  listen_share::Table* share = nullptr;
+  if (ok && !client) {
+    share = listen_share::open_passed();
+    g_passed_share.store(share, std::memory_order_release);
+    ok = share != nullptr;
+  }
+  Stream* st = ok ? new_stream(s, fd, client, local, peer) : nullptr;
+  if (st == nullptr) {
+    // This process will not count its bytes on the socket: nobody may
+    // upgrade it again from the slot's positions.
+    holders::poison(h);
+    return;
+  }
+  st->set_listen_table(share);
+  st->adopt_passed(h);
+  s->set_stream(st);
+  std::lock_guard lk(g_mu);
+  poke();
 }
 
 void listener_started(Socket* s, int fd) {

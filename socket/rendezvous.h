@@ -18,6 +18,12 @@ class Stream;
 Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer);
 // accept() returned fd on a listener that has an rdma_cm listener.
 Stream* start_server_upgrade(Socket* listener, Socket* s, int fd);
+// fd passing (docs/DESIGN.md, "Upgrading again in the receiver"): before a
+// tracked socket goes out with SCM_RIGHTS (after Stream::give_away), and
+// once a TCP socket came in that way and is tracked (Socket `s` at `fd`):
+// if its sender left it shared, a stream that waits to be its only holder.
+void socket_passing(Socket* s);
+void adopt_passed(Socket* s, int fd);
 // listen() succeeded on a tracked socket: open its rdma_cm listener if the
 // config allows RDMA for it.
 void listener_started(Socket* s, int fd);

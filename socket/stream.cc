@@ -11,6 +11,7 @@
 #include <sys/random.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -709,8 +710,8 @@ bool Stream::advance_revert() {
     LOG_DEBUG("fd %d: back on TCP", tcp_fd_);
     if (may_reupgrade()) begin_reupgrade();
     else if (share_after_revert_ && reupgradable() && staging_.size() == staging_off_ &&
-             (holders_ || (holders_ = holders::claim(tcp_tx_, tcp_rx_))))
-      enter_shared();
+             (holders_ || pass_after_revert_ || (holders_ = holders::claim(tcp_tx_, tcp_rx_))))
+      enter_shared();  // (a socket being passed: give_away claims its slot)
     else if (staging_.size() > staging_off_) plain_when_drained_ = true;
     else set_phase(Phase::kPlain);
   }
@@ -1019,20 +1020,88 @@ void Stream::settle_switch(uint64_t deadline_ns) {
 }
 
 bool Stream::give_away(uint64_t deadline_ns) {
-  fall_back(stats::FallbackReason::kHandedOff);  // acts on a pending upgrade only
+  // The receiver may upgrade the connection again (docs/DESIGN.md,
+  // "Upgrading again in the receiver"), unless a client's rendezvous is in
+  // flight: whichever process keeps the socket could not finish it.
+  bool share = process_config().tunables.reupgrade && !(client_ && phase() == Phase::kPending && has_conn());
+  if (!share) fall_back(stats::FallbackReason::kHandedOff);  // acts on a pending upgrade only
+  // A server whose client's request it accepted is one round trip from
+  // switching: settled, then handed off like any connection on RDMA.
+  while (phase() == Phase::kPending && !client_ && has_conn() && now_ns() < deadline_ns) {
+    advance(true);
+    if (phase() == Phase::kPending && has_conn()) sys::libc.poll(nullptr, 0, 1);
+  }
   settle_switch(deadline_ns);
+  if (has_conn() && phase() == Phase::kPending) fall_back(stats::FallbackReason::kHandedOff);
   Phase p = phase();
-  if (p == Phase::kRdma || p == Phase::kReverting) return hand_off(deadline_ns);
+  if (p == Phase::kRdma || p == Phase::kReverting) {
+    if (share) {
+      std::lock_guard lk(mu_);
+      pass_after_revert_ = share_after_revert_ = true;
+    }
+    if (!hand_off(deadline_ns)) return false;
+  }
+  std::unique_lock lk(mu_);
   // An abandoned switch's held bytes: into the kernel socket before the
   // connection is shared (they live in this process's memory only).
-  std::unique_lock lk(mu_);
   while (held_pending() && !flush_held() && now_ns() < deadline_ns) {
     pollfd pf{tcp_fd_, POLLOUT, 0};
     lk.unlock();
     sys::libc.poll(&pf, 1, 5);
     lk.lock();
   }
-  return !held_pending();
+  if (held_pending()) return false;
+  pass_after_revert_ = false;
+  if (share && !share_for_pass_locked()) {
+    lk.unlock();
+    fall_back(stats::FallbackReason::kHandedOff);  // acts on a pending one only
+  }
+  return true;
+}
+
+// Under mu_: the socket goes to another process (SCM_RIGHTS), which is to
+// hold it too. As at fork (share_at_fork), but the slot is one the receiver
+// can find by the socket's inode (holders::claim_passed); the receiver
+// enlists when its recvmsg takes the socket in (adopt_passed).
+bool Stream::share_for_pass_locked() {
+  Phase p = phase();
+  if (p != Phase::kPending || conn_ || plain_when_drained_ || !reupgradable() ||
+      staging_.size() > staging_off_)
+    return false;
+  // (A fork's slot: a receiver cannot find it; the connection stays on TCP.)
+  if (holders_ && !holders::is_passed(holders_)) return false;
+  if (!holders_) {
+    struct stat sb{};
+    if (fstat(tcp_fd_, &sb) != 0) return false;
+    holders_ = holders::claim_passed(uint64_t(sb.st_ino), client_, tcp_tx_, tcp_rx_);
+    if (!holders_) return false;
+  }
+  holders::add(holders_);  // the receiver, in flight
+  passes_in_flight_++;
+  claim_wanted_.store(false, std::memory_order_relaxed);
+  if (!reup_) {
+    // Its first rendezvous waits now: a fallback until it is on RDMA.
+    note_fallback(stats::FallbackReason::kHandedOff);
+    count_next_upgrade_ = true;
+  }
+  (void)take_start_request();
+  if (!shared_.load(std::memory_order_relaxed)) enter_shared();
+  return true;
+}
+
+void Stream::pass_done(bool failed) {
+  std::lock_guard lk(mu_);
+  if (passes_in_flight_ == 0) return;
+  passes_in_flight_--;
+  if (failed && holders_) holders::drop(holders_);  // no receiver holds it
+}
+
+void Stream::adopt_passed(holders::Slot* h) {
+  std::lock_guard lk(mu_);
+  holders_ = h;
+  holders::enlist(h);
+  count_next_upgrade_ = true;
+  enter_shared();
 }
 
 bool Stream::advance(bool block) {

@@ -192,7 +192,16 @@ class Stream {
   // Before the socket is sent to another process (SCM_RIGHTS): a pending
   // upgrade stays on TCP, a switch in flight is settled, and a connection
   // on RDMA is handed off (hand_off). Bounded by deadline_ns.
+  // Upgrading again in the receiver (docs/DESIGN.md): a connection on RDMA
+  // or still waiting for its rendezvous is left shared (holders::claim_passed,
+  // one holder more for the receiver in flight) instead of plain.
   bool give_away(uint64_t deadline_ns);
+  // After the sendmsg that carried it: failed, no receiver will enlist.
+  void pass_done(bool failed);
+  // The receiver (recvmsg): a stream for a socket whose sender left it in
+  // the passed slot `h`; it enlists and waits, governed, until it is the
+  // only holder.
+  void adopt_passed(holders::Slot* h);
   // The nonblocking first half of hand_off(). at_exit: the process is
   // exiting (no fallback counted, logged at debug level only).
   void start_hand_off(bool at_exit = false,
@@ -385,6 +394,7 @@ class Stream {
   // as the client's attempts can take.
   void schedule_reupgrade(uint64_t delay_ns);
   void enter_shared();     // waits for the other holders to close
+  bool share_for_pass_locked();
   void become_sole();      // the only holder now: positions from the slot
   void release_holders_locked();
   // A re-upgrade attempt failed for `reason`: true if another is scheduled
@@ -546,6 +556,8 @@ class Stream {
   std::atomic<bool> shared_{false};   // pending, waiting to be the only holder
   bool share_after_revert_ = false;   // handed off at fork: shared once settled
   bool added_at_fork_ = false;        // share_at_fork counted the child
+  bool pass_after_revert_ = false;    // give_away: its hand-off ends shared, unclaimed
+  int passes_in_flight_ = 0;          // give_away counted a receiver; pass_done follows
   bool count_next_upgrade_ = false;   // an upgrade this process never counted
   uint64_t reap_at_ns_ = 0;           // next look for holders gone (holders::reap)
   std::atomic<bool> claim_wanted_{false};

@@ -330,6 +330,59 @@ TEST_CASE("fd passing: bytes that arrived before the upgrade, unread, reach the 
   pass_connection_unread(true);
 }
 
+// SCM_RIGHTS to a socket of the same process, then the original number is
+// closed: the received fd is the connection's only holder, so it upgrades
+// again (docs/DESIGN.md, "Upgrading again in the receiver") and carries on
+// over RDMA, every byte in order. (The same table serves a receiver in
+// another process: upgrade.revert.fdpass, multiproc.node_cluster.)
+TEST_CASE("fd passing: a connection sent to ourselves, the original closed, goes on (onto RDMA again)") {
+  Pair p = connected_pair();
+  REQUIRE(write_all(p.server, "before", 6) == 6);
+  int us[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, us) == 0);
+  Fd a(us[0]), b(us[1]);
+  char d = 'x';
+  iovec v{&d, 1};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  int sfd = p.server;
+  memcpy(CMSG_DATA(c), &sfd, sizeof sfd);
+  REQUIRE(sendmsg(a, &m, 0) == 1);
+  REQUIRE(p.server.reset() == 0);
+  msghdr r{};
+  alignas(cmsghdr) char rctl[CMSG_SPACE(sizeof(int))] = {};
+  r.msg_iov = &v;
+  r.msg_iovlen = 1;
+  r.msg_control = rctl;
+  r.msg_controllen = sizeof rctl;
+  REQUIRE(recvmsg(b, &r, 0) == 1);
+  cmsghdr* rc = CMSG_FIRSTHDR(&r);
+  REQUIRE(rc != nullptr);
+  REQUIRE(rc->cmsg_type == SCM_RIGHTS);
+  int got;
+  memcpy(&got, CMSG_DATA(rc), sizeof got);
+  p.server = Fd(got);
+  char buf[8];
+  REQUIRE(read_exact(p.client, buf, 6) == 6);
+  CHECK(memcmp(buf, "before", 6) == 0);
+  pingpong_until_rdma(p, 20000);
+  if (expect_rdma()) {
+    CHECK(transport_of(p.client) == RSOCK_TRANSPORT_RDMA);
+    CHECK(transport_of(p.server) == RSOCK_TRANSPORT_RDMA);
+  }
+  REQUIRE(write_all(p.server, "after", 5) == 5);
+  REQUIRE(read_exact(p.client, buf, 5) == 5);
+  CHECK(memcmp(buf, "after", 5) == 0);
+}
+
 TEST_CASE("fork: a child accepting on an inherited listener (preforking server)") {
   Listener l = make_listener();
   pid_t pid = fork();

@@ -105,3 +105,59 @@ TEST_CASE("holders: a holder that dies without releasing is reaped by its pid") 
   close(ready[0]);
   close(ready[1]);
 }
+
+// fd passing: the receiver shares no memory with the sender (an exec'd
+// worker), so it finds the slot by the socket's inode, in the per-user named
+// table; the child below execs nothing, but finds it only by the key.
+TEST_CASE("holders: a passed slot is found by inode, in another process, and freed by its holders") {
+  const uint64_t ino = 0x7000000000000000ull | uint64_t(getpid()) << 8;  // no real socket's
+  holders::Slot* s = holders::claim_passed(ino, /*client=*/true, 10, 20);
+  REQUIRE(s != nullptr);
+  CHECK(holders::is_passed(s));
+  holders::Slot* forked = holders::claim(0, 0);
+  REQUIRE(forked != nullptr);
+  CHECK_FALSE(holders::is_passed(forked));
+  holders::release(forked);
+  holders::add(s);  // the receiver, in flight
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    bool client = false;
+    holders::Slot* r = holders::find_passed(ino, &client);
+    if (r == nullptr || !client || r->tx.load() != 10 || r->rx.load() != 20) _exit(2);
+    holders::enlist(r);
+    r->rx.fetch_add(3);  // bytes the receiver read
+    holders::release(r);  // and closed
+    _exit(0);
+  }
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  CHECK(holders::sole(s));
+  CHECK(s->rx.load() == 23);
+  bool client = false;
+  CHECK(holders::find_passed(ino + 1, &client) == nullptr);
+  // A message that did not go out: its receiver's count is dropped.
+  holders::add(s);
+  holders::drop(s);
+  CHECK(holders::sole(s));
+  holders::release(s);
+  CHECK(holders::find_passed(ino, &client) == nullptr);  // free again
+}
+
+TEST_CASE("holders: a new socket with a passed slot's inode poisons the old slot") {
+  const uint64_t ino = 0x7100000000000000ull | uint64_t(getpid()) << 8;
+  holders::Slot* old = holders::claim_passed(ino, false, 1, 1);
+  REQUIRE(old != nullptr);
+  holders::Slot* fresh = holders::claim_passed(ino, false, 2, 2);
+  REQUIRE(fresh != nullptr);
+  CHECK(fresh != old);
+  CHECK(holders::poisoned(old));
+  CHECK_FALSE(holders::poisoned(fresh));
+  bool client = true;
+  CHECK(holders::find_passed(ino, &client) == fresh);
+  CHECK_FALSE(client);
+  holders::release(old);
+  holders::release(fresh);
+}

@@ -24,7 +24,9 @@
 //                   parent finishes the stream, on RDMA again
 //   fdpass          a worker forked before the connection existed receives the
 //                   upgraded socket over a UNIX socket (SCM_RIGHTS) and
-//                   finishes the stream; the server closes its copy
+//                   finishes the stream; the server closes its copy: it
+//                   must go onto RDMA again in the worker (a new RC QP in
+//                   RTS), which shares no memory with the server since then
 //   failstay_client as fail_client, then, while the connection waits to
 //                   upgrade again, setsockopt(RSOCK_REVERT): it must stay on
 //                   TCP (both ends hold their FIN for 4 s, time enough for
@@ -268,9 +270,10 @@ bool ready_to_act(Pump& p) {
 }
 
 // The cases after which the connection upgrades again: a failed path
-// (fail_*), a fork that leaves one process holding it (fork_*).
+// (fail_*), a fork or fd passing that leaves one process holding it
+// (fork_*, fdpass).
 bool upgrades_again(const std::string& c) {
-  return c.rfind("fail", 0) == 0 || c.rfind("fork", 0) == 0;
+  return c.rfind("fail", 0) == 0 || c.rfind("fork", 0) == 0 || c == "fdpass";
 }
 
 // `again`: once back on TCP the connection must upgrade again, and end on
@@ -643,10 +646,11 @@ int main(int argc, char** argv) {
       p.total = total;
       p.fd = recv_fd(us[1], &p);
       p.saw_rdma = true;  // the server saw it
+      p.shut_waits_for_again = true;
       say("received the socket at tx %llu rx %llu, transport %d", (unsigned long long)p.tx,
           (unsigned long long)p.rx, transport(p.fd));
       run(p, [](Pump&) { return true; });
-      finish(p, false);
+      finish(p, true, true);  // on RDMA again here, the only process holding it
       _exit(0);
     }
     close(us[1]);
