@@ -1,6 +1,7 @@
 // Hooks: fd lifetime and flags (close, close_range, dup*, fcntl*, ioctl) and
 // fork. They keep the fd table an exact image of which fds name which socket.
 #include <fcntl.h>
+#include <stdlib.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -183,6 +184,33 @@ RSOCK_HOOK long syscall(long nr, ...) noexcept {
   if (nr == SYS_close) return close(int(a[0]));
   if (nr == SYS_close_range) return close_range(unsigned(a[0]), unsigned(a[1]), int(a[2]));
   return real().syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
+// _exit skips atexit, and with it progress_at_exit: bytes only librsock
+// holds (written during a switch, or on RDMA and not yet delivered) would die
+// with the process, where the kernel delivers a closed socket's bytes after
+// _exit. A forked worker that writes, closes and calls _exit lost its last
+// reply that way. So _exit hands them to the kernel first, exactly as
+// exit() does, unless nothing could be held (no stream), it runs in a vfork
+// child (the parent's state) or in a signal handler (no lock may be
+// waited for there).
+static void flush_before_exit() {
+  if (!rsock::socket::streams_exist() || rsock::preload::t_depth != 0 || rsock::socket::in_signal_handler() ||
+      rsock::socket::in_vfork_child())
+    return;
+  ++rsock::preload::t_depth;
+  rsock::socket::progress_at_exit();
+  --rsock::preload::t_depth;
+}
+RSOCK_HOOK void _exit(int status) noexcept {
+  flush_before_exit();
+  real()._exit(status);
+  __builtin_unreachable();
+}
+RSOCK_HOOK void _Exit(int status) noexcept {
+  flush_before_exit();
+  real()._Exit(status);
+  __builtin_unreachable();
 }
 
 RSOCK_HOOK pid_t fork(void) noexcept {

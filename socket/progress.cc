@@ -1401,16 +1401,18 @@ void fall_back_pending(stats::FallbackReason why) {
 // their end by this thread, every one at once: the progress thread waits
 // for g_mu, and both ends of a connection may be in this process. Bounded
 // by upgrade_timeout_ms; one still switching then is left as it is.
-void settle_switches() {
+void settle_switches(bool servers = true) {
   uint64_t deadline = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
   for (;;) {
     bool any = false;
     // (A server whose client's request it accepted is one round trip from
     // switching: settled too, so that the connection is handed off, and
-    // upgrades again in whichever process keeps it.)
-    auto settling = [](Stream* st) {
+    // upgrades again in whichever process keeps it. Not at exit: its bytes
+    // are all in the kernel.)
+    auto settling = [servers](Stream* st) {
       Phase p = st->phase();
-      return p == Phase::kSwitching || (p == Phase::kPending && !st->client() && st->has_conn());
+      return p == Phase::kSwitching ||
+             (servers && p == Phase::kPending && !st->client() && st->has_conn());
     };
     for (Stream* st : g_streams) {
       if (!settling(st)) continue;
@@ -1518,6 +1520,10 @@ void progress_exec_failed() {
 
 void progress_at_exit() {
   std::lock_guard lk(g_mu);
+  // Bytes written during a switch are held in our memory until it ends
+  // (Stream::holds): the switch is driven to its end first, then every
+  // connection on RDMA, closed or not, goes back to TCP with its backlog.
+  settle_switches(false);
   hand_off_streams(true, true);
   // Another process that holds a connection since a fork may be its only
   // holder now.

@@ -29,6 +29,9 @@ thread_local std::atomic<uint32_t> t_restart_runs __attribute__((tls_model("init
 // The eventfd this thread is about to sleep on (-1: none): the trampoline
 // writes to it so that the sleep ends at once (SignalWatch::Sleep).
 thread_local std::atomic<int> t_sleep_fd __attribute__((tls_model("initial-exec"))){-1};
+// Application handlers running on this thread (a handler that longjmps out
+// leaves it counted: in_signal_handler() then errs on the safe side).
+thread_local int t_handlers __attribute__((tls_model("initial-exec"))) = 0;
 
 void set_caught(int sig, bool caught) {
   if (sig < 1 || sig > 64) return;
@@ -53,10 +56,12 @@ void trampoline(int sig, siginfo_t* info, void* ctx) {
     errno = saved;
   }
   if (flags & SA_RESETHAND) set_caught(sig, false);  // the kernel reset it to SIG_DFL
+  t_handlers++;
   if (flags & SA_SIGINFO)
     reinterpret_cast<void (*)(int, siginfo_t*, void*)>(fn)(sig, info, ctx);
   else if (fn != uintptr_t(SIG_DFL) && fn != uintptr_t(SIG_IGN))  // only in a racing install
     reinterpret_cast<void (*)(int)>(fn)(sig);
+  t_handlers--;
 }
 
 bool is_trampoline(const struct sigaction& sa) {
@@ -73,6 +78,8 @@ sigset_t caught_set() {
 }
 
 }  // namespace
+
+bool in_signal_handler() { return t_handlers > 0; }
 
 void signals_scan() {
   for (int sig = 1; sig < NSIG && sig <= 64; sig++) {

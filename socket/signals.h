@@ -32,6 +32,10 @@
 namespace rsock::socket {
 
 void signals_scan();  // at startup: which signals have handlers already
+// Whether an application signal handler runs on this thread now (through
+// the trampoline): then nothing that takes a lock may run (_exit from a
+// handler must not wait for a lock the interrupted code holds).
+bool in_signal_handler();
 
 // sigaction() for the application (same contract): handlers go in through the
 // trampoline, queries come back as the application set them.

@@ -78,6 +78,8 @@ extern "C" sighandler_t bsd_signal(int sig, sighandler_t handler) noexcept;
     (int ep, struct epoll_event* e, int n, const struct timespec* t, const sigset_t* s),    \
     (ep, e, n, t, s))                                                                       \
   X(pid_t, fork, (void), ())                                                                \
+  X(void, _exit, (int s), (s))                                                              \
+  X(void, _Exit, (int s), (s))                                                              \
   X(int, execve, (const char* p, char* const* a, char* const* e), (p, a, e))                \
   X(int, execv, (const char* p, char* const* a), (p, a))                                    \
   X(int, execvp, (const char* f, char* const* a), (f, a))                                   \

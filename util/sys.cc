@@ -2,6 +2,7 @@
 
 #include <sys/ioctl.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 // glibc's fortify entry points have no public prototypes without _FORTIFY_SOURCE.

@@ -383,6 +383,56 @@ TEST_CASE("fd passing: a connection sent to ourselves, the original closed, goes
   CHECK(memcmp(buf, "after", 5) == 0);
 }
 
+// A forked worker that writes its reply, closes and calls _exit (Python's
+// os._exit in a forked child, C servers' children): the kernel delivers a
+// closed socket's bytes after _exit, and so must librsock, though _exit
+// runs no atexit handler and the bytes may be in its memory (written during
+// a switch) or on RDMA, not yet delivered. Over rxe the child waits until
+// its connection is on RDMA before it writes.
+TEST_CASE("exit: a child writes 1 MiB, closes and calls _exit; the peer reads every byte, then EOF") {
+  int port_pipe[2];
+  REQUIRE(pipe(port_pipe) == 0);
+  pid_t pid = fork();  // before anything of the connection exists
+  REQUIRE(pid >= 0);
+  constexpr size_t kBytes = 1 << 20;
+  if (pid == 0) {
+    close(port_pipe[1]);
+    sockaddr_storage a{};
+    socklen_t al = 0;
+    if (read(port_pipe[0], &al, sizeof al) != sizeof al || al > sizeof a ||
+        read(port_pipe[0], &a, al) != ssize_t(al))
+      _exit(2);
+    int fd = socket(a.ss_family, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&a), al) != 0) _exit(3);
+    if (expect_rdma()) {
+      int64_t end = now_ms() + timeout_ms();
+      while (transport_of(fd) != RSOCK_TRANSPORT_RDMA && now_ms() < end) usleep(10000);
+      if (transport_of(fd) != RSOCK_TRANSPORT_RDMA) _exit(4);
+    }
+    static char buf[kBytes];
+    fill_pattern(buf, kBytes, 0, 77);
+    if (write_all(fd, buf, kBytes) != kBytes) _exit(5);
+    close(fd);
+    _exit(0);
+  }
+  close(port_pipe[0]);
+  Listener l = make_listener();
+  REQUIRE(write(port_pipe[1], &l.addr_len, sizeof l.addr_len) == sizeof l.addr_len);
+  REQUIRE(write(port_pipe[1], &l.addr, l.addr_len) == ssize_t(l.addr_len));
+  close(port_pipe[1]);
+  Fd s(accept(l.fd, nullptr, nullptr));
+  REQUIRE(s >= 0);
+  std::string got;
+  bool eof = false;
+  read_to_eof(s, &got, &eof);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(got.size() == kBytes);
+  CHECK(check_pattern(got.data(), got.size(), 0, 77) == got.size());
+  CHECK(eof);
+}
+
 TEST_CASE("fork: a child accepting on an inherited listener (preforking server)") {
   Listener l = make_listener();
   pid_t pid = fork();
