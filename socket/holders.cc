@@ -104,6 +104,10 @@ struct Passed {
   std::atomic<uint64_t> ino;      // the socket's inode (0: none)
   std::atomic<uint64_t> born_ns;  // claimed at (CLOCK_MONOTONIC)
   std::atomic<int32_t> client;    // the role of the socket's end
+  // exec: the process whose next image takes the socket in, at these fd
+  // numbers (-1: none), which exec keeps (pid and numbers alike).
+  std::atomic<int32_t> exec_pid;
+  std::atomic<int32_t> exec_fds[kExecFds];
 };
 constexpr int kPassedSlots = 1024;
 constexpr size_t kPassedBytes = sizeof(Passed) * kPassedSlots;
@@ -120,7 +124,8 @@ Passed* passed(bool create) {
   Passed* p = g_passed.load(std::memory_order_acquire);
   if (p) return p;
   char name[64];
-  snprintf(name, sizeof name, "/librsock-held-%u", unsigned(geteuid()));
+  // (v1: this layout; a librsock with another one uses another name.)
+  snprintf(name, sizeof name, "/librsock-held-v1-%u", unsigned(geteuid()));
   auto* fresh = static_cast<Passed*>(sys::map_user_shm(name, kPassedBytes, create));
   if (!fresh) return nullptr;
   if (g_passed.compare_exchange_strong(p, fresh, std::memory_order_acq_rel)) return fresh;
@@ -166,6 +171,7 @@ Slot* claim_passed(uint64_t ino, bool client, uint64_t tx, uint64_t rx) {
   for (auto& p : got->slot.pids) p.store(0, std::memory_order_relaxed);
   got->slot.pids[0].store(getpid(), std::memory_order_relaxed);
   got->client.store(client ? 1 : 0, std::memory_order_relaxed);
+  got->exec_pid.store(0, std::memory_order_relaxed);
   got->born_ns.store(now, std::memory_order_relaxed);
   got->ino.store(ino, std::memory_order_release);
   return &got->slot;
@@ -195,6 +201,36 @@ bool is_passed(const Slot* s) {
 }
 
 void drop(Slot* s) { s->holders.fetch_sub(1, std::memory_order_acq_rel); }
+
+void mark_exec(Slot* s, const int* fds, int n) {
+  auto* p = reinterpret_cast<Passed*>(s);  // (Slot is Passed's first member)
+  for (int i = 0; i < kExecFds; i++)
+    p->exec_fds[i].store(i < n ? fds[i] : -1, std::memory_order_relaxed);
+  p->exec_pid.store(getpid(), std::memory_order_release);
+}
+
+void unmark_exec(Slot* s) {
+  reinterpret_cast<Passed*>(s)->exec_pid.store(0, std::memory_order_release);
+}
+
+Slot* take_exec(int* cursor, uint64_t* ino, bool* client, int fds[kExecFds]) {
+  Passed* all = passed(false);
+  if (!all) return nullptr;
+  const int32_t me = getpid();
+  for (; *cursor < kPassedSlots; ++*cursor) {
+    Passed& p = all[*cursor];
+    int32_t v = me;
+    if (p.exec_pid.load(std::memory_order_acquire) != me ||
+        p.slot.holders.load(std::memory_order_acquire) <= 0 ||
+        !p.exec_pid.compare_exchange_strong(v, 0, std::memory_order_acq_rel))
+      continue;
+    *ino = p.ino.load(std::memory_order_relaxed);
+    *client = p.client.load(std::memory_order_relaxed) != 0;
+    for (int i = 0; i < kExecFds; i++) fds[i] = p.exec_fds[i].load(std::memory_order_relaxed);
+    return &all[(*cursor)++].slot;
+  }
+  return nullptr;
+}
 
 int in_use() {
   Slot* all = g_slots.load(std::memory_order_acquire);

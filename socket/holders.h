@@ -7,9 +7,11 @@
 // only in a process that is its only holder, and only from the exact stream
 // positions: so every holder counts its TCP bytes into a slot here, and
 // drops its holder count when its last fd of the socket closes. The slots
-// live in one MAP_SHARED mapping, made before the first fork that needs one
-// and inherited by every child (64 KiB, 2048 slots); a process tree whose
-// slots are all taken keeps further shared connections on TCP.
+// live in the per-user table below (claim_passed: an image the child execs
+// finds them by inode), or, without it, in one MAP_SHARED mapping made before
+// the first fork that needs one and inherited by every child (claim; 64 KiB,
+// 2048 slots); a process tree whose slots are all taken keeps further shared
+// connections on TCP.
 //
 // A holder that stops counting (it went plain: exec, fd passing, a wait that
 // ran out) poisons the slot, and no holder upgrades from it again. A holder
@@ -59,8 +61,8 @@ int in_use();
 // the receiver"). A socket sent with SCM_RIGHTS reaches a process that
 // shares no memory with the sender (Node's cluster workers are fork+exec'd),
 // so these slots live in a per-user named mapping,
-// /dev/shm/librsock-held-UID (mode 0600, refused if another user owns it or
-// others may write it; 1024 slots, about 80 KiB, left for the next
+// /dev/shm/librsock-held-v1-UID (mode 0600, refused if another user owns it or
+// others may write it; 1024 slots, 80 KiB, left for the next
 // program), keyed by the socket's inode, which every process holding the
 // socket sees alike. Same Slot, same calls as above; only how one is found
 // differs.
@@ -79,5 +81,15 @@ Slot* find_passed(uint64_t ino, bool* client);
 bool is_passed(const Slot* s);
 // One holder fewer that never enlisted (a message that did not go out).
 void drop(Slot* s);
+// exec (docs/DESIGN.md, "Upgrading again after exec"): the image this
+// process is about to exec takes the socket in at these fd numbers (at most
+// kExecFds are kept). unmark_exec: the exec failed.
+inline constexpr int kExecFds = 4;
+void mark_exec(Slot* s, const int* fds, int n);
+void unmark_exec(Slot* s);
+// In the new image, at startup: the next slot its previous image marked,
+// from *cursor on (start at 0), taken (unmarked); its inode, role and fd
+// numbers (-1: none). nullptr when there are no more.
+Slot* take_exec(int* cursor, uint64_t* ino, bool* client, int fds[kExecFds]);
 
 }  // namespace rsock::socket::holders

@@ -56,6 +56,8 @@ void init_process() {
   // that the kernel delivers what they still hold after the process is gone.
   if (!g_config->passthrough) atexit(progress_at_exit);
   g_state.store(kLoaded, std::memory_order_release);
+  // (Once loaded: what it creates is tracked like any socket.)
+  if (!g_config->passthrough) adopt_after_exec();
 }
 
 const config::Config& process_config() {

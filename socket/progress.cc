@@ -1137,6 +1137,45 @@ void adopt_passed(Socket* s, int fd) {
   poke();
 }
 
+void adopt_after_exec() {
+  int cursor = 0;
+  uint64_t ino = 0;
+  bool client = false;
+  int fds[holders::kExecFds];
+  while (holders::Slot* h = holders::take_exec(&cursor, &ino, &client, fds)) {
+    FdTable* t = FdTable::get_or_create();
+    SocketRef s;
+    int first = -1;
+    for (int fd : fds) {
+      struct stat sb{};
+      // (The previous image's numbers: the socket, unless something between
+      // the exec and now closed or replaced it.)
+      if (fd < 0 || !t || fstat(fd, &sb) != 0 || !S_ISSOCK(sb.st_mode) || uint64_t(sb.st_ino) != ino)
+        continue;
+      if (!s) {
+        int domain = 0;
+        socklen_t len = sizeof domain;
+        if (sys::libc.getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0) continue;
+        int fl = sys::libc.fcntl(fd, F_GETFL);
+        SocketRef fresh(new_socket(domain, client ? Role::kClient : Role::kAccepted,
+                                   fl >= 0 && (fl & O_NONBLOCK)));
+        if (!fresh) break;
+        s = std::move(fresh);
+        first = fd;
+      }
+      t->install(fd, s.get());
+    }
+    if (!s) {
+      holders::poison(h);  // nobody here counts its bytes
+      continue;
+    }
+    s->open_stats(first, client ? stats::Direction::kClient : stats::Direction::kServer, nullptr,
+                  true);
+    adopt_passed(s.get(), first);
+    LOG_DEBUG("fd %d: a connection the previous image held; waiting to upgrade it again", first);
+  }
+}
+
 void listener_started(Socket* s, int fd) {
   sockaddr_storage local{};
   socklen_t ll = sizeof local;
@@ -1474,6 +1513,11 @@ void progress_before_fork() {
     // listener) would send the client's request here, where it cannot be
     // taken now: the only holder publishes its own.
     if (!g_claims.empty()) drop_claim(g_streams[i]);
+    // The child may exec a program that serves it (inetd style) and
+    // publishes its side listener in the per-user table: this process,
+    // which may own the listener, looks there too.
+    if (!g_streams[i]->client() && !g_passed_share.load(std::memory_order_relaxed))
+      g_passed_share.store(listen_share::open_passed(), std::memory_order_release);
   }
 }
 
@@ -1496,20 +1540,69 @@ bool closes_on_exec(Socket* s) {
 }
 }  // namespace
 
+namespace {
+// Under g_mu: the fds naming `s` that stay open across exec (at most
+// holders::kExecFds; how many there are, which may be more).
+int kept_on_exec(Socket* s, int* out) {
+  FdTable* t = FdTable::get_if_exists();
+  if (!t || !s || t->max_fd() < 0) return 0;
+  const unsigned hi = unsigned(t->max_fd());
+  int n = 0;
+  for (int fd = t->next_tracked(0, hi); fd >= 0; fd = t->next_tracked(unsigned(fd) + 1, hi)) {
+    if (t->lookup(fd).get() == s) {
+      int f = sys::libc.fcntl(fd, F_GETFD);
+      if (f >= 0 && !(f & FD_CLOEXEC)) {
+        if (n < holders::kExecFds) out[n] = fd;
+        n++;
+      }
+    }
+    if (unsigned(fd) == hi) break;
+  }
+  return n;
+}
+}  // namespace
+
 void progress_before_exec(bool replaces) {
   std::lock_guard lk(g_mu);
+  const auto& tun = process_config().tunables;
+  std::vector<Stream*> to_pass;  // (fork and exec may allocate: not hooks' hot path)
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
-    if (!g_stream_owner[i] || !st->shared_by_fork()) continue;
-    if (!closes_on_exec(g_stream_owner[i])) continue;  // falls back below
-    if (replaces) st->release_for_exec();  // then falls back below: this image goes
-    else st->keep_at_spawn = true;         // not inherited: stays as it is
+    if (!g_stream_owner[i]) continue;
+    if (closes_on_exec(g_stream_owner[i])) {
+      if (!st->shared_by_fork()) continue;  // falls back below
+      if (replaces) st->release_for_exec();  // then falls back below: this image goes
+      else st->keep_at_spawn = true;         // not inherited: stays as it is
+      continue;
+    }
+    // The new image inherits the socket: it upgrades it again from a slot
+    // of the passed table (docs/DESIGN.md, "Upgrading again after exec"),
+    // unless a client's rendezvous is in flight (nobody could finish it).
+    if (replaces && tun.reupgrade && !(st->client() && st->has_conn())) {
+      // (A side listener this image published dies with it: the new image
+      // publishes its own.)
+      if (!g_claims.empty()) drop_claim(st);
+      try {
+        to_pass.push_back(st);
+        st->keep_at_spawn = true;
+      } catch (const std::bad_alloc&) {
+      }
+    }
   }
   for (size_t i = 0; i < g_streams.size(); i++)
     if (g_stream_owner[i] && !std::exchange(g_streams[i]->keep_at_spawn, false))
       g_streams[i]->fall_back(stats::FallbackReason::kHandedOff);  // acts on pending ones only
   settle_switches();
+  for (Stream* st : to_pass) st->prepare_pass();
   hand_off_streams(true, false);  // lingering ones would die with the image
+  for (Stream* st : to_pass) {
+    int fds[holders::kExecFds];
+    int n = -1;
+    for (size_t i = 0; i < g_streams.size(); i++)
+      if (g_streams[i] == st) n = kept_on_exec(g_stream_owner[i], fds);
+    if (n > 0 && n <= holders::kExecFds && st->pass_to_exec(fds, n)) continue;
+    st->fall_back(stats::FallbackReason::kHandedOff);  // acts on pending ones only
+  }
 }
 
 void progress_exec_failed() {

@@ -24,6 +24,11 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd);
 // if its sender left it shared, a stream that waits to be its only holder.
 void socket_passing(Socket* s);
 void adopt_passed(Socket* s, int fd);
+// At startup: the connections the previous image of this process left for
+// this one at exec (Stream::pass_to_exec) are tracked again at their fd
+// numbers and wait to upgrade again. One failing shm_open when there are
+// none to find.
+void adopt_after_exec();
 // listen() succeeded on a tracked socket: open its rdma_cm listener if the
 // config allows RDMA for it.
 void listener_started(Socket* s, int fd);

@@ -710,7 +710,7 @@ bool Stream::advance_revert() {
     LOG_DEBUG("fd %d: back on TCP", tcp_fd_);
     if (may_reupgrade()) begin_reupgrade();
     else if (share_after_revert_ && reupgradable() && staging_.size() == staging_off_ &&
-             (holders_ || pass_after_revert_ || (holders_ = holders::claim(tcp_tx_, tcp_rx_))))
+             (holders_ || pass_after_revert_ || (holders_ = claim_holders())))
       enter_shared();  // (a socket being passed: give_away claims its slot)
     else if (staging_.size() > staging_off_) plain_when_drained_ = true;
     else set_phase(Phase::kPlain);
@@ -803,7 +803,7 @@ bool Stream::share_at_fork() {
     return false;
   }
   if (!holders_) {
-    holders_ = holders::claim(tcp_tx_, tcp_rx_);
+    holders_ = claim_holders();
     if (!holders_) {  // all taken: both processes keep it on TCP, uncounted
       share_after_revert_ = false;
       return false;
@@ -883,6 +883,14 @@ void Stream::release_for_exec() {
 
 void Stream::exec_failed() {
   std::lock_guard lk(mu_);
+  if (std::exchange(exec_passed_, false) && exec_released_) {
+    // The new image never came: the count it was given is this one's again,
+    // and it may well be the only holder (become_sole).
+    holders_ = std::exchange(exec_released_, nullptr);
+    holders::unmark_exec(holders_);
+    holders::enlist(holders_);
+    return;
+  }
   // (The slot may be another connection's by now: poisoning it only keeps
   // that one on TCP.)
   if (exec_released_) holders::poison(std::exchange(exec_released_, nullptr));
@@ -904,11 +912,18 @@ bool Stream::retry_reupgrade(stats::FallbackReason reason) {
   }
   // Only a path that may come back is worth another attempt: the peer's own
   // refusal, or a peer without a listener now, is its answer.
+  // A redirect's target that refuses or has no listener moved on: the
+  // process that held the socket there exec'd (its new image publishes a
+  // listener of its own) or handed it on; the owner redirects the next
+  // attempt anew. (Found by the conformance case of cat exec'd on a
+  // connection: the fork child published a side listener, then exec'd.)
+  bool moved = redirected_ && (reason == R::kPeerNotRsock || reason == R::kRejected);
   bool transient = reason == R::kResolveFailed || reason == R::kTimeout ||
                    reason == R::kConnectFailed || reason == R::kNoDevice ||
-                   reason == R::kNoResources || reason == R::kMemlock;
+                   reason == R::kNoResources || reason == R::kMemlock || moved;
   if (!transient || ++reup_tries_ >= kReupTries || orphaned_) return false;
   conn_.reset();
+  redirected_ = false;  // the next attempt goes to the listener's owner again
   uint64_t now = now_ns();
   reup_at_ns_.store(now + kReupDelaysNs[reup_tries_], std::memory_order_release);
   deadline_ns_ = now + kReupDelaysNs[reup_tries_] + reup_attempt_ns();
@@ -1068,14 +1083,11 @@ bool Stream::share_for_pass_locked() {
   if (p != Phase::kPending || conn_ || plain_when_drained_ || !reupgradable() ||
       staging_.size() > staging_off_)
     return false;
-  // (A fork's slot: a receiver cannot find it; the connection stays on TCP.)
+  // (A slot of the fork-only table, which a receiver cannot find: the
+  // connection stays on TCP.)
   if (holders_ && !holders::is_passed(holders_)) return false;
-  if (!holders_) {
-    struct stat sb{};
-    if (fstat(tcp_fd_, &sb) != 0) return false;
-    holders_ = holders::claim_passed(uint64_t(sb.st_ino), client_, tcp_tx_, tcp_rx_);
-    if (!holders_) return false;
-  }
+  if (!holders_ && !(holders_ = claim_holders())) return false;
+  if (!holders::is_passed(holders_)) return false;
   holders::add(holders_);  // the receiver, in flight
   passes_in_flight_++;
   claim_wanted_.store(false, std::memory_order_relaxed);
@@ -1087,6 +1099,37 @@ bool Stream::share_for_pass_locked() {
   (void)take_start_request();
   if (!shared_.load(std::memory_order_relaxed)) enter_shared();
   return true;
+}
+
+// Under mu_: a slot at the stream's positions. In the per-user table, found
+// by the socket's inode, so that whoever holds the socket next can find it:
+// a receiver of fd passing, or the image a fork child execs (inetd style);
+// in the fork-only mapping if that table cannot be had.
+holders::Slot* Stream::claim_holders() {
+  struct stat sb{};
+  if (tcp_fd_ >= 0 && fstat(tcp_fd_, &sb) == 0)
+    if (holders::Slot* h = holders::claim_passed(uint64_t(sb.st_ino), client_, tcp_tx_, tcp_rx_))
+      return h;
+  return holders::claim(tcp_tx_, tcp_rx_);
+}
+
+bool Stream::pass_to_exec(const int* fds, int n) {
+  std::lock_guard lk(mu_);
+  pass_after_revert_ = false;
+  if (held_pending() || !share_for_pass_locked()) return false;
+  // This image's hold ends with the exec; the count share_for_pass_locked
+  // added is the new image's (the same pid: it enlists at its start).
+  holders::release(holders_);
+  holders::mark_exec(holders_, fds, n);
+  exec_released_ = std::exchange(holders_, nullptr);
+  exec_passed_ = true;
+  passes_in_flight_ = 0;
+  return true;
+}
+
+void Stream::prepare_pass() {
+  std::lock_guard lk(mu_);
+  if (phase() == Phase::kRdma) pass_after_revert_ = share_after_revert_ = true;
 }
 
 void Stream::pass_done(bool failed) {

@@ -198,6 +198,13 @@ class Stream {
   bool give_away(uint64_t deadline_ns);
   // After the sendmsg that carried it: failed, no receiver will enlist.
   void pass_done(bool failed);
+  // exec with fds of the socket kept open (docs/DESIGN.md, "Upgrading again
+  // after exec"), under the registry's lock in progress_before_exec: before
+  // the hand-offs, a connection on RDMA is to end shared (prepare_pass);
+  // after them, a shared slot for the new image, which takes the socket in
+  // at these fd numbers when it starts. False: it stays on TCP.
+  void prepare_pass();
+  bool pass_to_exec(const int* fds, int n);
   // The receiver (recvmsg): a stream for a socket whose sender left it in
   // the passed slot `h`; it enlists and waits, governed, until it is the
   // only holder.
@@ -395,6 +402,7 @@ class Stream {
   void schedule_reupgrade(uint64_t delay_ns);
   void enter_shared();     // waits for the other holders to close
   bool share_for_pass_locked();
+  holders::Slot* claim_holders();
   void become_sole();      // the only holder now: positions from the slot
   void release_holders_locked();
   // A re-upgrade attempt failed for `reason`: true if another is scheduled
@@ -563,6 +571,7 @@ class Stream {
   std::atomic<bool> claim_wanted_{false};
   listen_share::Table* listen_table_ = nullptr;
   holders::Slot* exec_released_ = nullptr;  // release_for_exec, until exec_failed
+  bool exec_passed_ = false;  // ... by pass_to_exec: an exec that fails takes it back
 };
 
 // The fallback reason for a connection whose rdma_cm setup failed, and
