@@ -192,29 +192,27 @@ static void pingpong_until_rdma(Pair& p, int64_t ms) {
   } while (now_ms() < end);
 }
 
-// The parent goes on alone once the child is gone (here by _exit with both
-// copies open: the kernel closes them, no hook sees it), so the connection
-// upgrades again in the parent (docs/DESIGN.md, "Upgrading again in the new
-// owner") and carries on over RDMA, every byte in order.
-TEST_CASE("fork: the child exits holding its copies, the parent's connection goes on (onto RDMA again)") {
-  Listener l = make_listener();
+// A pair through `l`, which the case keeps open (a connection that upgrades
+// again is reached through its listener), on RDMA when that is expected.
+static Pair pair_on(const Listener& l) {
   Pair p;
   p.client = Fd(socket(AF_INET, SOCK_STREAM, 0));
   REQUIRE(p.client >= 0);
-  REQUIRE(connect(p.client, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0);
+  REQUIRE(connect(p.client, reinterpret_cast<const sockaddr*>(&l.addr), l.addr_len) == 0);
   p.server = Fd(accept(l.fd, nullptr, nullptr));
   REQUIRE(p.server >= 0);
   if (expect_rdma()) await_rdma(p);
-  REQUIRE(write_all(p.server, "before", 6) == 6);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) _exit(0);
-  int status = wait_child(pid);
-  CHECK(WIFEXITED(status));
+  return p;
+}
+
+// The server wrote "before" ahead of a hand-off: the client reads it, the
+// pair ping-pongs until both ends are on RDMA again (with RDMA expected),
+// and a last message crosses.
+static void goes_on_over_rdma(Pair& p) {
   char b[8];
   REQUIRE(read_exact(p.client, b, 6) == 6);
   CHECK(memcmp(b, "before", 6) == 0);
-  pingpong_until_rdma(p, 20000);  // until both ends are on RDMA again
+  pingpong_until_rdma(p, 20000);
   if (expect_rdma()) {
     CHECK(transport_of(p.client) == RSOCK_TRANSPORT_RDMA);
     CHECK(transport_of(p.server) == RSOCK_TRANSPORT_RDMA);
@@ -222,6 +220,22 @@ TEST_CASE("fork: the child exits holding its copies, the parent's connection goe
   REQUIRE(write_all(p.server, "after", 5) == 5);
   REQUIRE(read_exact(p.client, b, 5) == 5);
   CHECK(memcmp(b, "after", 5) == 0);
+}
+
+// The parent goes on alone once the child is gone (here by _exit with both
+// copies open: the kernel closes them, no hook sees it), so the connection
+// upgrades again in the parent (docs/DESIGN.md, "Upgrading again in the new
+// owner") and carries on over RDMA, every byte in order.
+TEST_CASE("fork: the child exits holding its copies, the parent's connection goes on (onto RDMA again)") {
+  Listener l = make_listener();
+  Pair p = pair_on(l);
+  REQUIRE(write_all(p.server, "before", 6) == 6);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) _exit(0);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  goes_on_over_rdma(p);
 }
 
 // The child execs a program that outlives the test's exchange, with the
@@ -259,6 +273,42 @@ TEST_CASE("fork: the child execs with the connection close-on-exec, the parent's
   CHECK(memcmp(b, "after", 5) == 0);
 }
 
+// fd passing: one byte of data carrying `fd` (SCM_RIGHTS) over `via`; the
+// fd that arrives, or -1.
+static bool send_fd(int via, int fd) {
+  char d = 'x';
+  iovec v{&d, 1};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  return sendmsg(via, &m, 0) == 1;
+}
+
+static int recv_fd(int via) {
+  char d;
+  iovec v{&d, 1};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  if (recvmsg(via, &m, 0) != 1) return -1;
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  if (!c || c->cmsg_type != SCM_RIGHTS) return -1;
+  int fd;
+  memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  return fd;
+}
+
 // The sender hands the connection over with "before" unread. `early`: the
 // bytes are written before the upgrade, so they travel on TCP ahead of the
 // switch and librsock has already drained them from the kernel socket into
@@ -272,19 +322,8 @@ static void pass_connection_unread(bool early) {
   REQUIRE(pid >= 0);
   if (pid == 0) {
     a.release();
-    char d;
-    iovec v{&d, 1};
-    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))];
-    msghdr m{};
-    m.msg_iov = &v;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    if (recvmsg(w, &m, 0) != 1) _exit(2);
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
-    if (!c || c->cmsg_type != SCM_RIGHTS) _exit(3);
-    int fd;
-    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    int fd = recv_fd(w);
+    if (fd < 0) _exit(2);
     char b[8];
     if (read_exact(fd, b, 6) != 6 || memcmp(b, "before", 6) != 0) _exit(4);
     if (write_all(fd, "worker", 6) != 6) _exit(5);
@@ -295,21 +334,7 @@ static void pass_connection_unread(bool early) {
   Pair p = connected_pair(AF_INET, /*await_upgrade=*/!early);
   REQUIRE(write_all(p.server, "before", 6) == 6);
   if (early && expect_rdma()) await_rdma(p);
-  char d = 'x';
-  iovec v{&d, 1};
-  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &v;
-  m.msg_iovlen = 1;
-  m.msg_control = ctl;
-  m.msg_controllen = sizeof ctl;
-  cmsghdr* c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  int cfd = p.client;
-  memcpy(CMSG_DATA(c), &cfd, sizeof cfd);
-  REQUIRE(sendmsg(a, &m, 0) == 1);
+  REQUIRE(send_fd(a, p.client));
   REQUIRE(p.client.reset() == 0);
   char b[8];
   REQUIRE(read_exact(p.server, b, 6) == 6);
@@ -341,46 +366,12 @@ TEST_CASE("fd passing: a connection sent to ourselves, the original closed, goes
   int us[2];
   REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, us) == 0);
   Fd a(us[0]), b(us[1]);
-  char d = 'x';
-  iovec v{&d, 1};
-  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &v;
-  m.msg_iovlen = 1;
-  m.msg_control = ctl;
-  m.msg_controllen = sizeof ctl;
-  cmsghdr* c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  int sfd = p.server;
-  memcpy(CMSG_DATA(c), &sfd, sizeof sfd);
-  REQUIRE(sendmsg(a, &m, 0) == 1);
+  REQUIRE(send_fd(a, p.server));
   REQUIRE(p.server.reset() == 0);
-  msghdr r{};
-  alignas(cmsghdr) char rctl[CMSG_SPACE(sizeof(int))] = {};
-  r.msg_iov = &v;
-  r.msg_iovlen = 1;
-  r.msg_control = rctl;
-  r.msg_controllen = sizeof rctl;
-  REQUIRE(recvmsg(b, &r, 0) == 1);
-  cmsghdr* rc = CMSG_FIRSTHDR(&r);
-  REQUIRE(rc != nullptr);
-  REQUIRE(rc->cmsg_type == SCM_RIGHTS);
-  int got;
-  memcpy(&got, CMSG_DATA(rc), sizeof got);
+  int got = recv_fd(b);
+  REQUIRE(got >= 0);
   p.server = Fd(got);
-  char buf[8];
-  REQUIRE(read_exact(p.client, buf, 6) == 6);
-  CHECK(memcmp(buf, "before", 6) == 0);
-  pingpong_until_rdma(p, 20000);
-  if (expect_rdma()) {
-    CHECK(transport_of(p.client) == RSOCK_TRANSPORT_RDMA);
-    CHECK(transport_of(p.server) == RSOCK_TRANSPORT_RDMA);
-  }
-  REQUIRE(write_all(p.server, "after", 5) == 5);
-  REQUIRE(read_exact(p.client, buf, 5) == 5);
-  CHECK(memcmp(buf, "after", 5) == 0);
+  goes_on_over_rdma(p);
 }
 
 // A forked worker that writes its reply, closes and calls _exit (Python's
@@ -520,13 +511,7 @@ TEST_CASE("exec: a connected socket survives exec; FD_CLOEXEC ones do not") {
 // the client's echoes end on RDMA, every byte in order.
 TEST_CASE("exec: a child execs cat on its inherited connection; the echo goes on (onto RDMA again)") {
   Listener l = make_listener();
-  Pair p;
-  p.client = Fd(socket(AF_INET, SOCK_STREAM, 0));
-  REQUIRE(p.client >= 0);
-  REQUIRE(connect(p.client, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0);
-  p.server = Fd(accept(l.fd, nullptr, nullptr));
-  REQUIRE(p.server >= 0);
-  if (expect_rdma()) await_rdma(p);
+  Pair p = pair_on(l);
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
