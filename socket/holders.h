@@ -13,8 +13,8 @@
 // 2048 slots); a process tree whose slots are all taken keeps further shared
 // connections on TCP.
 //
-// A holder that stops counting (it went plain: exec, fd passing, a wait that
-// ran out) poisons the slot, and no holder upgrades from it again. A holder
+// A holder that stops counting (it went plain: a shutdown, a wait that ran
+// out, a receiver or exec'd image that cannot take part) poisons the slot, and no holder upgrades from it again. A holder
 // that dies without closing (_exit, a signal: the kernel closes its fds)
 // is found by its pid (kPids of them are kept; a holder past those is only
 // counted): the first process to see it gone takes its count off. Lock-free;

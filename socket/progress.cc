@@ -1565,7 +1565,6 @@ int kept_on_exec(Socket* s, int* out) {
 void progress_before_exec(bool replaces) {
   std::lock_guard lk(g_mu);
   const auto& tun = process_config().tunables;
-  std::vector<Stream*> to_pass;  // (fork and exec may allocate: not hooks' hot path)
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
     if (!g_stream_owner[i]) continue;
@@ -1582,24 +1581,21 @@ void progress_before_exec(bool replaces) {
       // (A side listener this image published dies with it: the new image
       // publishes its own.)
       if (!g_claims.empty()) drop_claim(st);
-      try {
-        to_pass.push_back(st);
-        st->keep_at_spawn = true;
-      } catch (const std::bad_alloc&) {
-      }
+      st->exec_pass = st->keep_at_spawn = true;
     }
   }
   for (size_t i = 0; i < g_streams.size(); i++)
     if (g_stream_owner[i] && !std::exchange(g_streams[i]->keep_at_spawn, false))
       g_streams[i]->fall_back(stats::FallbackReason::kHandedOff);  // acts on pending ones only
   settle_switches();
-  for (Stream* st : to_pass) st->prepare_pass();
+  for (size_t i = 0; i < g_streams.size(); i++)
+    if (g_streams[i]->exec_pass) g_streams[i]->prepare_pass();
   hand_off_streams(true, false);  // lingering ones would die with the image
-  for (Stream* st : to_pass) {
+  for (size_t i = 0; i < g_streams.size(); i++) {
+    Stream* st = g_streams[i];
+    if (!std::exchange(st->exec_pass, false)) continue;
     int fds[holders::kExecFds];
-    int n = -1;
-    for (size_t i = 0; i < g_streams.size(); i++)
-      if (g_streams[i] == st) n = kept_on_exec(g_stream_owner[i], fds);
+    int n = kept_on_exec(g_stream_owner[i], fds);
     if (n > 0 && n <= holders::kExecFds && st->pass_to_exec(fds, n)) continue;
     st->fall_back(stats::FallbackReason::kHandedOff);  // acts on pending ones only
   }

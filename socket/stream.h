@@ -238,6 +238,7 @@ class Stream {
   void release_for_exec();
   void exec_failed();
   bool keep_at_spawn = false;  // progress_before_exec, under the registry's lock
+  bool exec_pass = false;      // ... the new image inherits it (pass_to_exec)
   // A server stream that became the only holder: the progress thread makes
   // its next request reachable (its own listener, or a claim in the
   // listening socket's share table), once.
@@ -403,6 +404,7 @@ class Stream {
   void enter_shared();     // waits for the other holders to close
   bool share_for_pass_locked();
   holders::Slot* claim_holders();
+  stats::FallbackReason failure_reason() const;
   void become_sole();      // the only holder now: positions from the slot
   void release_holders_locked();
   // A re-upgrade attempt failed for `reason`: true if another is scheduled

@@ -8,11 +8,16 @@
 # librsock every connection must reach RDMA in the socat child that serves it
 # (docs/DESIGN.md, "Upgrading again in the new owner"), with RC QPs in RTS
 # owned by the children and none by the master. Skipped without socat.
+# --nofork: `EXEC:cat,nofork`, the inetd shape: socat's child execs cat
+# directly with the connection as its stdin and stdout, so each connection
+# must reach RDMA in that cat, which inherited it across exec
+# (docs/DESIGN.md, "Upgrading again after exec").
 import os, shutil, signal, socket, subprocess, sys, time
 
 from rdma_env import held_echoes, report_forked_server, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
+NOFORK = "--nofork" in sys.argv[2:]
 skip_unless_rdma(ADDR)
 if shutil.which("socat") is None:
     print("SKIP: no socat")
@@ -23,7 +28,8 @@ probe = socket.socket()
 probe.bind((ADDR, 0))
 port = probe.getsockname()[1]
 probe.close()
-srv = subprocess.Popen(["socat", "TCP-LISTEN:%d,bind=%s,fork,reuseaddr" % (port, ADDR), "EXEC:cat"])
+srv = subprocess.Popen(["socat", "TCP-LISTEN:%d,bind=%s,fork,reuseaddr" % (port, ADDR),
+                        "EXEC:cat,nofork" if NOFORK else "EXEC:cat"])
 end = time.time() + 30
 while time.time() < end:
     ss = subprocess.run(["ss", "-Hltn", "sport = :%d" % port], capture_output=True, text=True).stdout
@@ -38,4 +44,5 @@ else:
 results, seen, whys, owners = held_echoes(ADDR, port, CONNS, N)
 srv.send_signal(signal.SIGTERM)
 srv.wait(30)
-sys.exit(report_forked_server("socat_fork", results, seen, whys, owners, srv.pid))
+sys.exit(report_forked_server("socat_exec" if NOFORK else "socat_fork", results, seen, whys,
+                              owners, srv.pid))
