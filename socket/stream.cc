@@ -1101,6 +1101,21 @@ bool Stream::share_for_pass_locked() {
   return true;
 }
 
+// Under mu_: why the RDMA connection failed. A peer that hands the
+// connection off (fork, exec, fd passing, its exit) stops RDMA abruptly and
+// then writes its record into TCP: when that record is already there, the
+// failure was its switch back (released), not the path's (path_failed),
+// which rsock-stat users would otherwise chase. (When the QP error comes
+// first, it still reads as path_failed.)
+stats::FallbackReason Stream::failure_reason() const {
+  uint64_t magic = 0;
+  bool down = tcp_fd_ >= 0 &&
+              sys::libc.recv(tcp_fd_, &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT) ==
+                  ssize_t(sizeof magic) &&
+              magic == wire::kDownMagic;
+  return down ? stats::FallbackReason::kReleased : stats::FallbackReason::kPathFailed;
+}
+
 // Under mu_: a slot at the stream's positions. In the per-user table, found
 // by the socket's inode, so that whoever holds the socket next can find it:
 // a receiver of fd passing, or the image a fork child execs (inetd style);
@@ -1268,8 +1283,7 @@ bool Stream::advance_locked(bool full) {
       // gone) is the RDMA path failing while TCP may be fine: switch back.
       handle_controls();
       if (phase() == Phase::kBroken) return true;
-      if (revert_locked(RevertMode::kKeep, stats::FallbackReason::kPathFailed, true,
-                        /*may_return=*/true))
+      if (revert_locked(RevertMode::kKeep, failure_reason(), true, /*may_return=*/true))
         return true;
     }
     if (!err_) err_ = st.error();
@@ -1783,7 +1797,7 @@ bool Stream::linger_done() {
     // lose those bytes, which kernel TCP would still deliver after close().
     // Switch back instead and let TCP carry them (the backlog), then close.
     if (conn_->retained_from() < conn_->tx_position() &&
-        revert_locked(RevertMode::kKeep, failed ? stats::FallbackReason::kPathFailed
+        revert_locked(RevertMode::kKeep, failed ? failure_reason()
                                                 : stats::FallbackReason::kReleased)) {
       linger_deadline_ns_ = deadline_ns_;
       return false;
