@@ -1038,16 +1038,21 @@ bool Stream::give_away(uint64_t deadline_ns) {
   // The receiver may upgrade the connection again (docs/DESIGN.md,
   // "Upgrading again in the receiver"), unless a client's rendezvous is in
   // flight: whichever process keeps the socket could not finish it.
-  bool share = process_config().tunables.reupgrade && !(client_ && phase() == Phase::kPending && has_conn());
+  // (conn_ is read under mu_: the progress thread may drop it meanwhile.)
+  auto in_rendezvous = [this] {
+    std::lock_guard lk(mu_);
+    return phase() == Phase::kPending && conn_ != nullptr;
+  };
+  bool share = process_config().tunables.reupgrade && !(client_ && in_rendezvous());
   if (!share) fall_back(stats::FallbackReason::kHandedOff);  // acts on a pending upgrade only
   // A server whose client's request it accepted is one round trip from
   // switching: settled, then handed off like any connection on RDMA.
-  while (phase() == Phase::kPending && !client_ && has_conn() && now_ns() < deadline_ns) {
+  while (!client_ && in_rendezvous() && now_ns() < deadline_ns) {
     advance(true);
-    if (phase() == Phase::kPending && has_conn()) sys::libc.poll(nullptr, 0, 1);
+    if (in_rendezvous()) sys::libc.poll(nullptr, 0, 1);
   }
   settle_switch(deadline_ns);
-  if (has_conn() && phase() == Phase::kPending) fall_back(stats::FallbackReason::kHandedOff);
+  if (in_rendezvous()) fall_back(stats::FallbackReason::kHandedOff);
   Phase p = phase();
   if (p == Phase::kRdma || p == Phase::kReverting) {
     if (share) {
