@@ -1088,10 +1088,9 @@ bool Stream::share_for_pass_locked() {
   if (p != Phase::kPending || conn_ || plain_when_drained_ || !reupgradable() ||
       staging_.size() > staging_off_)
     return false;
-  // (A slot of the fork-only table, which a receiver cannot find: the
-  // connection stays on TCP.)
-  if (holders_ && !holders::is_passed(holders_)) return false;
   if (!holders_ && !(holders_ = claim_holders())) return false;
+  // (A slot of the fork-only mapping, which a receiver cannot find: the
+  // connection stays on TCP.)
   if (!holders::is_passed(holders_)) return false;
   holders::add(holders_);  // the receiver, in flight
   passes_in_flight_++;
