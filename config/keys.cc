@@ -28,6 +28,7 @@ const KeySpec kKeys[] = {
     {"send_queue_depth", KeyKind::kUint, &Tunables::send_queue_depth, nullptr, 8, 4096},
     {"recv_slots", KeyKind::kUint, &Tunables::recv_slots, nullptr, 4, 1024},
     {"upgrade_timeout_ms", KeyKind::kUint, &Tunables::upgrade_timeout_ms, nullptr, 1, 600000},
+    {"upgrade_delay_ms", KeyKind::kUint, &Tunables::upgrade_delay_ms, nullptr, 0, 60000},
     {"negative_cache_ttl_s", KeyKind::kUint, &Tunables::negative_cache_ttl_s, nullptr, 0, 86400},
     {"port_offset", KeyKind::kUint, &Tunables::port_offset, nullptr, 0, 65535},
     {"fork_hand_off", KeyKind::kBool, nullptr, &Tunables::fork_hand_off},

@@ -36,6 +36,9 @@ struct Tunables {
   uint32_t recv_slots = 64;           // receive WRs per QP; announced to the peer (4..1024)
   // Upgrade (socket layer) ----------------------------------------------------
   uint32_t upgrade_timeout_ms = 2000; // whole TCP->RDMA rendezvous, then stay on TCP
+  // A client starts its rendezvous this long after connect(), or once 64 KiB
+  // moved on TCP: one-request connections then never pay for one.
+  uint32_t upgrade_delay_ms = 10;
   uint32_t negative_cache_ttl_s = 60; // how long a peer that refused stays on TCP
   uint32_t port_offset = 0;           // rdma_cm port = TCP port + offset (mod 65536)
   // fork(): switch upgraded connections back to TCP first, so that parent or

@@ -747,7 +747,7 @@ void* thread_main(void*) {
           }
           busy = true;
         } else {
-          if (st->take_start_request() || st->reupgrade_due(now)) st->start_client();
+          if (st->take_start_request(now) || st->reupgrade_due(now)) st->start_client();
           if (st->take_claim_request()) make_reachable(st, now);
           Phase p = st->phase();
           if (p != Phase::kPending && !g_claims.empty()) drop_claim(st);
@@ -954,7 +954,7 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
   Stream* st = new_stream(s, fd, true, local, peer);
   if (!st) return nullptr;
   s->set_stream(st);
-  st->request_start();
+  st->request_start(now_ns() + uint64_t{process_config().tunables.upgrade_delay_ms} * 1000000);
   std::lock_guard lk(g_mu);
   poke();
   return st;

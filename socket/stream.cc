@@ -114,7 +114,10 @@ Stream::Stream(int tcp_fd, bool client, const sockaddr_storage& local,
   g_streams_alive.fetch_add(1, std::memory_order_relaxed);
   my_cookie_ = random_cookie();
   born_ns_ = now_ns();
-  deadline_ns_ = born_ns_ + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+  const auto& t = process_config().tunables;
+  // (A client's rendezvous starts up to upgrade_delay_ms late.)
+  deadline_ns_ =
+      born_ns_ + (uint64_t{t.upgrade_timeout_ms} + (client ? t.upgrade_delay_ms : 0)) * 1000000;
   stats::set_state(slot_, stats::ConnState::kUpgrading);
 }
 
@@ -320,8 +323,26 @@ bool Stream::retire_fd(int fd) {
 
 unsigned long long Stream::us_since_start() const { return (now_ns() - born_ns_) / 1000; }
 
+// Progress thread. It never waits for the stream's lock here: an
+// application that writes in a loop re-takes it at once, and a blocking lock
+// waited up to 700 ms in the VM. The start stays due instead, and whichever
+// comes first, the application's next call (advance_locked) or the next
+// tick, makes it.
 void Stream::start_client() {
-  std::lock_guard lk(mu_);
+  // The process's first rendezvous opens rdma_cm and the devices (tens of
+  // ms in the VM): not under the stream's lock, where the application's
+  // first writes would wait for it.
+  (void)transport::cm_hub::channel();
+  std::unique_lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    request_start(1);
+    return;
+  }
+  start_client_locked();
+}
+
+// Under mu_ (it may drop it to fall back, as advance_locked does).
+void Stream::start_client_locked() {
   reup_at_ns_.store(0, std::memory_order_release);
   if (phase() != Phase::kPending || orphaned_ || conn_) return;  // fell back (fork) or closed meanwhile
   if (reup_) {
@@ -818,7 +839,7 @@ bool Stream::share_at_fork() {
     note_fallback(stats::FallbackReason::kForked);
     count_next_upgrade_ = true;
   }
-  (void)take_start_request();  // a client's first attempt waits as well
+  drop_start_request();  // a client's first attempt waits as well
   if (handed) share_after_revert_ = true;
   else if (!shared_.load(std::memory_order_relaxed)) enter_shared();
   return true;
@@ -1100,7 +1121,7 @@ bool Stream::share_for_pass_locked() {
     note_fallback(stats::FallbackReason::kHandedOff);
     count_next_upgrade_ = true;
   }
-  (void)take_start_request();
+  drop_start_request();
   if (!shared_.load(std::memory_order_relaxed)) enter_shared();
   return true;
 }
@@ -1225,6 +1246,15 @@ bool Stream::advance_locked(bool full) {
         become_sole();
         return true;
       }
+    }
+    // A deferred start that became due (the connection streams, or
+    // upgrade_delay_ms passed) is made here when the application's thread
+    // gets here first: the progress thread's blocking lock of a stream whose
+    // application writes in a loop waited up to 700 ms in the VM, and a bulk
+    // stream then moved 20 MB on TCP before its switch instead of 1-2 MB.
+    if (p == Phase::kPending && client_ && take_start_request(now)) {
+      start_client_locked();
+      return true;
     }
     if (p == Phase::kPending && now > deadline_ns_ && !orphaned_) {
       mu_.unlock();

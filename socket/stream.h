@@ -138,14 +138,32 @@ class Stream {
   // Returns true if readiness may have changed.
   bool advance(bool block = true);
   void start_client();                        // begin rdma_cm connect
+  void start_client_locked();
   // The connect() hook only asks; the progress thread starts the rdma_cm
-  // connect, so connect() costs the application no rdma_cm syscalls.
-  void request_start() { start_requested_.store(true, std::memory_order_release); }
+  // connect, so connect() costs the application no rdma_cm syscalls. It
+  // starts upgrade_delay_ms after connect(), or as soon as the connection
+  // has moved kEarlyStartBytes on TCP: a connection that ends sooner (one
+  // request, one reply) never pays for a rendezvous, whose CPU on both ends
+  // made connect-to-first-byte 3.5-4x TCP's in the VM.
+  static constexpr uint64_t kEarlyStartBytes = 64 * 1024;
+  void request_start(uint64_t at_ns) {
+    start_at_ns_.store(at_ns ? at_ns : 1, std::memory_order_release);
+  }
   // (A load first: the progress thread asks every stream on every tick, and
   // an exchange would write each one's cache line each time.)
-  bool take_start_request() {
-    return start_requested_.load(std::memory_order_relaxed) &&
-           start_requested_.exchange(false, std::memory_order_acq_rel);
+  bool take_start_request(uint64_t now) {
+    uint64_t at = start_at_ns_.load(std::memory_order_relaxed);
+    return at != 0 && now >= at &&
+           start_at_ns_.compare_exchange_strong(at, 0, std::memory_order_acq_rel);
+  }
+  void drop_start_request() { start_at_ns_.store(0, std::memory_order_release); }
+  // Under mu_, after TCP carried application bytes: a connection that
+  // streams starts its deferred rendezvous with the application's next call
+  // (advance_locked): bulk transfers should reach RDMA early.
+  void start_early_if_streaming() {
+    uint64_t at = start_at_ns_.load(std::memory_order_relaxed);
+    if (at > 1 && tcp_tx_ + tcp_rx_ >= kEarlyStartBytes)
+      start_at_ns_.compare_exchange_strong(at, 1, std::memory_order_acq_rel);
   }
   void attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
                        uint8_t version);
@@ -471,7 +489,7 @@ class Stream {
   std::atomic<uint64_t> gen_{0};
   std::atomic<uint64_t> tx_gen_{0};
   std::atomic<int> sleepers_{0};
-  std::atomic<bool> start_requested_{false};
+  std::atomic<uint64_t> start_at_ns_{0};  // a deferred start is due then (0: none, 1: now)
   std::atomic<Socket*> owner_{nullptr};
   // The kernel socket (tcp_fd()): the application's number, or our own dup
   // once tcp_owned_; -1 once aborted. Written under mu_ (and the progress

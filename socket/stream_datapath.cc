@@ -133,6 +133,7 @@ Status<size_t> Stream::try_recv_source(std::span<const iovec> iov, int flags) {
       tcp_rx_ += uint64_t(r);
       if (holders_) holders_->rx.fetch_add(uint64_t(r), std::memory_order_relaxed);
       if (slot_) slot_->add_rx(stats::Transport::kTcp, uint64_t(r));
+      start_early_if_streaming();
     }
     return size_t(r);
   }
@@ -169,6 +170,7 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
     tcp_tx_ += uint64_t(r);
     if (holders_) holders_->tx.fetch_add(uint64_t(r), std::memory_order_relaxed);
     if (slot_) slot_->add_tx(stats::Transport::kTcp, uint64_t(r));
+    start_early_if_streaming();
     return size_t(r);
   }
   if (p != Phase::kRdma) return rdma_dead_ && out_marker_off_ > 0 ? Err(EPIPE) : Err(EAGAIN);

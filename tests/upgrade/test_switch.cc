@@ -804,6 +804,46 @@ TEST_CASE("f3_hostile_unknown_control_after_switch") { hostile_after_switch(Host
 TEST_CASE("f4_hostile_tcp_bytes_after_switch") { hostile_after_switch(Hostile::kTcpAfter); }
 TEST_CASE("f5_ready_again_after_switch") { hostile_after_switch(Hostile::kReadyAgain); }
 
+// g. The client's rendezvous starts upgrade_delay_ms after connect() or as
+// soon as the connection has moved 64 KiB (ctest runs this case with the
+// delay at 60 s): a connection that exchanges a few bytes has none for
+// seconds (it is still deciding, on TCP), one that moves 1 MiB upgrades at
+// once, started by the application's own next call.
+TEST_CASE("g_deferred_start") {
+  alarm(120);
+  Pair small, big;
+  REQUIRE(make_pair(&small));
+  unsigned char b[16];
+  fill(7, 0, b, sizeof b);
+  REQUIRE(write(small.c, b, sizeof b) == ssize_t(sizeof b));
+  unsigned char in[16];
+  REQUIRE(recv_x(small.s, in, sizeof in, MSG_WAITALL) == ssize_t(sizeof in));
+  CHECK(verify(7, 0, in, sizeof in) == -1);
+  REQUIRE(make_pair(&big));
+  constexpr uint64_t kBytes = 1 << 20;
+  std::string we, re;
+  std::thread w([&] { we = write_stream(big.c, 8, 0, kBytes, 1); });
+  std::vector<unsigned char> got(kBytes);
+  ssize_t n = recv_x(big.s, got.data(), got.size(), MSG_WAITALL);
+  w.join();
+  REQUIRE_MESSAGE(we.empty(), we);
+  REQUIRE(n == ssize_t(kBytes));
+  CHECK(verify(8, 0, got.data(), got.size()) == -1);
+  CHECK_MESSAGE(wait_rdma(big.c, 30), describe(view_of(big.c)));
+  // Bytes after the switch go over RDMA.
+  std::thread w2([&] { we = write_stream(big.c, 8, kBytes, kBytes, 2); });
+  n = recv_x(big.s, got.data(), got.size(), MSG_WAITALL);
+  w2.join();
+  REQUIRE(n == ssize_t(kBytes));
+  CHECK(verify(8, kBytes, got.data(), got.size()) == -1);
+  View vb = view_of(big.c);
+  CHECK_MESSAGE(vb.rdma_tx > 0, describe(vb));
+  // The small one: a few seconds on, still deciding (no fallback) on TCP.
+  sleep(2);
+  View vs = view_of(small.c);
+  CHECK_MESSAGE((vs.found && vs.transport == 0 && vs.fallback == 0), describe(vs));
+}
+
 TEST_CASE("e_forged_request_plain_client") { forged_plain_client(Forger::kHonest); }
 TEST_CASE("e2_forged_request_plain_client_offer_behind") { forged_plain_client(Forger::kBehind); }
 TEST_CASE("e3_forged_request_plain_client_silent") { forged_plain_client(Forger::kSilent); }
