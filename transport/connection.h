@@ -221,6 +221,12 @@ class Connection {
   // this connection without closing its socket (a reverse switch after
   // shutdown(SHUT_WR)), so our direction may go on elsewhere.
   bool peer_left_open() const { return disconnected_ && fin_received_ && !close_received_; }
+  // Both directions are over: our FIN went and the peer consumed every byte
+  // we sent (its last report), and we read everything up to its FIN. A QP
+  // that fails now loses nothing (the peer closing its process last, say).
+  bool finished_both_ways() const {
+    return fin_sent_ && eof() && sring_.floor() == tx_.head();
+  }
   uint32_t max_inline() const { return max_inline_; }
 
   // Tests only: moves the QP to the error state without telling the peer
