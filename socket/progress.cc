@@ -27,6 +27,9 @@
 #include <new>
 #include <vector>
 
+#include <boost/intrusive/list.hpp>
+#include <boost/intrusive/set.hpp>
+
 #include "socket/fd_table.h"
 #include "socket/listen_share.h"
 #include "socket/process.h"
@@ -51,6 +54,7 @@ namespace {
 
 constexpr int kBusyTickMs = 1;
 constexpr int kIdleTickMs = 50;
+constexpr uint64_t kSweepNs = 1'000'000'000;  // every stream gets a look this often
 constexpr uint64_t kTcpTag = uint64_t{1} << 40;  // epoll data: kTcpTag | fd
 constexpr uint64_t kHubTag = uint64_t{1} << 41;  // the shared rdma_cm channel
 constexpr uint64_t kOwnerTag = uint64_t{1} << 42;  // kOwnerTag | pidfd of a listener's owner
@@ -183,6 +187,17 @@ struct Watch {
   void* arg;
 };
 
+namespace bi = boost::intrusive;
+// The thread's schedule (Stream::loop_hook): streams it looks at every
+// tick, and streams it looks at only when their time comes, by time.
+using ActiveList = bi::list<Stream, bi::member_hook<Stream, Stream::LoopHook, &Stream::loop_hook>,
+                            bi::constant_time_size<false>>;
+struct DueFirst {
+  bool operator()(const Stream& a, const Stream& b) const { return a.loop_due_ns < b.loop_due_ns; }
+};
+using TimerSet = bi::multiset<Stream, bi::member_hook<Stream, Stream::TimerHook, &Stream::timer_hook>,
+                              bi::constant_time_size<false>, bi::compare<DueFirst>>;
+
 // The registries, on the heap so that a fork child can drop the parent's
 // without running any destructor (they reference the parent's RDMA state).
 struct Registry {
@@ -205,6 +220,14 @@ struct Registry {
   std::vector<Watch> watches;
   int epfd = -1, cmd_fd = -1;
   bool started = false;
+  // The thread's schedule (docs/DESIGN.md, "The registry at scale"): it
+  // looks at the streams on `active` every tick and at those in `timers`
+  // when their time comes; `wanted` is the lock-free stack of streams that
+  // asked for a look (Stream::want_loop), moved onto `active` every tick.
+  ActiveList active;
+  TimerSet timers;
+  std::atomic<Stream*> wanted{nullptr};
+  uint64_t sweep_ns = 0;  // next look at every stream (a safety net)
 };
 // Created on first use: hooks may run before our dynamic initialisers.
 std::atomic<Registry*> g_reg_ptr{nullptr};
@@ -240,6 +263,8 @@ Registry* reg() {
 #define g_inherited_listeners (reg()->inherited_listeners)
 #define g_claims (reg()->claims)
 #define g_awaiting (reg()->awaiting)
+#define g_active (reg()->active)
+#define g_timers (reg()->timers)
 #define g_watches (reg()->watches)
 #define g_epfd (reg()->epfd)
 #define g_cmd_fd (reg()->cmd_fd)
@@ -711,6 +736,66 @@ void retry_take_overs(uint64_t now) {
   }
 }
 
+// Under g_mu: the stream gets a look every tick from now on.
+void activate(Stream* st) {
+  if (st->loop_hook.is_linked()) return;
+  if (st->timer_hook.is_linked()) st->timer_hook.unlink();
+  g_active.push_back(*st);
+}
+
+// Under g_mu: the streams that asked for a look since the last tick
+// (Stream::want_loop). One that is not (or no longer) in this registry is
+// skipped: a fork child's detached stream, one of the parent's.
+void take_wanted() {
+  Stream* st = reg()->wanted.exchange(nullptr, std::memory_order_acquire);
+  while (st) {
+    Stream* next = st->wanted_next;
+    st->loop_wanted.store(false, std::memory_order_release);
+    if (st->reg_index < g_streams.size() && g_streams[st->reg_index] == st) activate(st);
+    st = next;
+  }
+}
+
+// Under g_mu: the timers that came due go to the active list.
+void wake_due(uint64_t now) {
+  while (!g_timers.empty() && g_timers.begin()->loop_due_ns <= now) {
+    Stream& st = *g_timers.begin();
+    g_timers.erase(g_timers.begin());
+    g_active.push_back(st);
+  }
+}
+
+// Under g_mu, after its look: a stream that needs no look every tick leaves
+// the active list, for the timer set if a time of its own comes. On RDMA:
+// its keepalive's. Waiting to upgrade again: its attempt's, and no later
+// than the idle tick (its holders, its deadline). Plain or broken: nothing
+// until it closes (socket_released activates it).
+void park(Stream* st, Phase p, uint64_t now) {
+  uint64_t due = 0;
+  if (p == Phase::kRdma) {
+    due = st->next_tick_ns;
+  } else if (p == Phase::kPending) {
+    due = now + uint64_t{kIdleTickMs} * 1000000;
+    if (uint64_t r = st->reupgrade_at_ns(); r != 0) due = std::min(due, r);
+  }
+  st->loop_hook.unlink();
+  if (due == 0) return;
+  st->loop_due_ns = due;
+  g_timers.insert(*st);
+}
+
+// Under g_mu: how long the thread may sleep (ms): until the next timer, at
+// most the tick.
+int wait_ms(bool busy, uint64_t now) {
+  int ms = busy ? kBusyTickMs : kIdleTickMs;
+  if (!g_timers.empty()) {
+    uint64_t due = g_timers.begin()->loop_due_ns;
+    uint64_t left = due > now ? (due - now + 999999) / 1000000 : 0;
+    ms = int(std::min<uint64_t>(uint64_t(ms), left));
+  }
+  return ms;
+}
+
 void* thread_main(void*) {
   epoll_event evs[16];
   // Before g_loop_mu: ensure_thread waits for this under g_mu, and fork()
@@ -720,6 +805,7 @@ void* thread_main(void*) {
   std::unique_lock awake(g_loop_mu);
   for (;;) {
     bool busy = false;
+    int timeout;
     {
       std::lock_guard lk(g_mu);
       uint64_t now = now_ns();
@@ -728,55 +814,70 @@ void* thread_main(void*) {
       // (Not busy for it: a retry is 20 ms to 1 s away, the idle tick is 50.)
       if (!g_inherited_listeners.empty()) retry_take_overs(now);
       check_paths(now);
-      for (size_t i = 0; i < g_streams.size();) {
-        Stream* st = g_streams[i];
+      take_wanted();
+      wake_due(now);
+      if (now >= reg()->sweep_ns) {
+        // Every stream once a second, whatever its schedule says: a look
+        // that nothing asked for costs little, and bounds what a missed
+        // want_loop() could delay.
+        reg()->sweep_ns = now + kSweepNs;
+        for (Stream* st : g_streams) activate(st);
+      }
+      for (auto it = g_active.begin(); it != g_active.end();) {
+        Stream* st = &*it;
+        ++it;  // (st may be deleted or parked below)
+        const size_t i = st->reg_index;
         if (!g_stream_owner[i]) {
           if (st->linger_done()) {
             if (st->tcp_watched && st->tcp_fd() >= 0)
               sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, st->tcp_fd(), nullptr);
             drop_claim(st);
-            // The last one takes its place (looked at next): no O(n) erase
-            // per stream when thousands close.
+            // The last one takes its place: no O(n) erase per stream when
+            // thousands close.
             g_streams[i] = g_streams.back();
             g_stream_owner[i] = g_stream_owner.back();
             g_streams[i]->reg_index = i;
             g_streams.pop_back();
             g_stream_owner.pop_back();
-            delete st;
+            // Never deleted while on the wanted stack (take_wanted skips
+            // what is no longer registered).
+            if (st->loop_wanted.load(std::memory_order_acquire)) take_wanted();
+            delete st;  // (unlinks itself from the active list)
             continue;
           }
           busy = true;
-        } else {
-          if (st->take_start_request(now) || st->reupgrade_due(now)) st->start_client();
-          if (st->take_claim_request()) make_reachable(st, now);
-          Phase p = st->phase();
-          if (p != Phase::kPending && !g_claims.empty()) drop_claim(st);
-          // (Armed again after a reverse switch and a new upgrade.)
-          if (p == Phase::kRdma && !st->tcp_watch_armed)
-            watch_idle_tcp(st, st->tcp_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD);
-          // A stream waiting to upgrade again waits for seconds: its timer
-          // and a listener's fd wake the thread, the idle tick suffices.
-          if ((p == Phase::kPending && !st->waits_to_reupgrade()) || p == Phase::kSwitching ||
-              p == Phase::kReverting)
-            busy = true;
-          // An upgraded stream needs the thread only for its keepalive (its
-          // reader or poller handles the rest): a look every keepalive_ms/2,
-          // not every tick. Measured with 2000 upgraded sockets in the VM,
-          // driving each one every 50 ms took 74% of the process's CPU and
-          // made one epoll round trip 48x slower than without librsock.
-          if (p != Phase::kRdma || now >= st->next_tick_ns) {
-            if (p == Phase::kRdma) st->next_tick_ns = now + rdma_tick_ns();
-            (void)st->advance(/*block=*/false);
-          }
+          continue;
         }
-        i++;
+        if (st->take_start_request(now) || st->reupgrade_due(now)) st->start_client();
+        if (st->take_claim_request()) make_reachable(st, now);
+        Phase p = st->phase();
+        if (p != Phase::kPending && !g_claims.empty()) drop_claim(st);
+        // (Armed again after a reverse switch and a new upgrade.)
+        if (p == Phase::kRdma && !st->tcp_watch_armed)
+          watch_idle_tcp(st, st->tcp_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD);
+        // A stream waiting to upgrade again waits for seconds: its timer
+        // and a listener's fd wake the thread, the idle tick suffices.
+        const bool ticks = (p == Phase::kPending && !st->waits_to_reupgrade()) ||
+                           p == Phase::kSwitching || p == Phase::kReverting;
+        busy = busy || ticks;
+        // An upgraded stream needs the thread only for its keepalive (its
+        // reader or poller handles the rest): a look every keepalive_ms/2,
+        // not every tick. Measured with 2000 upgraded sockets in the VM,
+        // driving each one every 50 ms took 74% of the process's CPU and
+        // made one epoll round trip 48x slower than without librsock.
+        if (p != Phase::kRdma || now >= st->next_tick_ns) {
+          if (p == Phase::kRdma) st->next_tick_ns = now + rdma_tick_ns();
+          (void)st->advance(/*block=*/false);
+        }
+        if (!ticks && st->start_at_ns() == 0 && !st->claim_requested()) park(st, st->phase(), now);
       }
       busy = busy || !g_requests.empty() ||
              std::any_of(g_listeners.begin(), g_listeners.end(),
                          [](const ListenerEntry& e) { return e.closed_until_ns != 0; });
+      timeout = wait_ms(busy, now_ns());
     }
     awake.unlock();
-    int n = sys::libc.epoll_wait(g_epfd, evs, 16, busy ? kBusyTickMs : kIdleTickMs);
+    int n = sys::libc.epoll_wait(g_epfd, evs, 16, timeout);
     awake.lock();
     Watch fire[16];
     int nfire = 0;
@@ -871,6 +972,7 @@ Stream* new_stream(Socket* s, int fd, bool client, const sockaddr_storage& local
     delete st;
     return nullptr;
   }
+  g_active.push_back(*st);  // a new stream ticks until it has settled
   return st;
 }
 
@@ -1339,8 +1441,23 @@ void socket_released(Socket* s) {
   if (size_t i = st->reg_index; i < g_streams.size() && g_streams[i] == st) {
     st->orphan();
     g_stream_owner[i] = nullptr;  // the thread finishes and deletes it
+    activate(st);
     poke();
   }
+}
+
+// Any thread, no lock (it may hold the stream's): a lock-free push, once
+// until the thread takes it (a load first: no write while it is queued).
+void Stream::want_loop() {
+  if (loop_wanted.load(std::memory_order_relaxed) ||
+      loop_wanted.exchange(true, std::memory_order_acq_rel))
+    return;
+  Registry* r = reg();
+  Stream* head = r->wanted.load(std::memory_order_relaxed);
+  do {
+    wanted_next = head;
+  } while (!r->wanted.compare_exchange_weak(head, this, std::memory_order_release,
+                                            std::memory_order_relaxed));
 }
 
 void progress_watch(int fd, void (*fn)(void*), void* arg) {
@@ -1680,6 +1797,15 @@ void progress_after_fork_child() {
   int unwatched = 0;
   for (const auto& il : fresh->inherited_listeners) unwatched += il.share != nullptr;
   g_unwatched_inherited.store(unwatched, std::memory_order_relaxed);
+  // The parent's schedule is the parent's: its lists let go of every stream
+  // (nothing links into them any more), its stack is forgotten.
+  for (Stream* st = old->wanted.exchange(nullptr); st != nullptr;) {
+    Stream* next = st->wanted_next;
+    st->loop_wanted.store(false, std::memory_order_relaxed);
+    st = next;
+  }
+  old->active.clear();
+  old->timers.clear();
   bool shared = false;
   for (size_t i = 0; i < old->streams.size(); i++) {
     if (!old->stream_owner[i]) continue;
@@ -1691,6 +1817,7 @@ void progress_after_fork_child() {
     st->reg_index = fresh->streams.size();
     fresh->streams.push_back(st);
     fresh->stream_owner.push_back(old->stream_owner[i]);
+    fresh->active.push_back(*st);
     shared = true;
   }
   if (shared) {

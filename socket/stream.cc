@@ -257,6 +257,7 @@ void Stream::set_phase(Phase p) {
   // On RDMA the TCP socket stays silent (the progress thread's idle watch
   // covers it); plain or broken, the emulation no longer looks at it.
   if (p == Phase::kRdma || p == Phase::kPlain || p == Phase::kBroken) unwatch_tcp_locked();
+  if (p != was) want_loop();  // what the progress thread must do for it changed
 }
 
 bool Stream::tcp_hub_wanted() const {
@@ -384,6 +385,7 @@ void Stream::connect_locked(uint16_t rport) {
   }
   conn_ = std::move(*c);
   conn_->set_notify(notify_stream, this, notify_completion);
+  want_loop();
   LOG_DEBUG("fd %d: rendezvous started %llu us after connect(), TCP bytes out/in %llu/%llu", tcp_fd_,
             us_since_start(), (unsigned long long)tcp_tx_,
             (unsigned long long)tcp_rx_);
@@ -397,6 +399,7 @@ void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64
   conn_ = std::move(conn);
   conn_->set_notify(notify_stream, this, notify_completion);
   peer_cookie_ = peer_cookie;
+  want_loop();  // its rendezvous needs the thread's ticks now
   LOG_DEBUG("fd %d: rendezvous request accepted %llu us after accept(), TCP bytes out/in %llu/%llu",
             tcp_fd_, us_since_start(), (unsigned long long)tcp_tx_,
             (unsigned long long)tcp_rx_);
@@ -789,6 +792,7 @@ void Stream::schedule_reupgrade(uint64_t delay_ns) {
     deadline_ns_ = now + reup_window_ns();
   }
   reup_waiting_.store(true, std::memory_order_release);
+  want_loop();  // its timer
 }
 
 // Under mu_.
@@ -864,6 +868,7 @@ void Stream::enter_shared() {
   deadline_ns_ = now_ns() + reup_window_ns();  // the others close within it, or it stays on TCP
   shared_.store(true, std::memory_order_release);
   reup_waiting_.store(true, std::memory_order_release);
+  want_loop();
   LOG_DEBUG("fd %d: held by another process too; waiting to be its only holder", tcp_fd_);
 }
 
@@ -885,6 +890,7 @@ void Stream::become_sole() {
   if (!client_) {
     claim_wanted_.store(true, std::memory_order_release);
     server_awaits_request();
+    want_loop();
   }
 }
 
@@ -931,6 +937,7 @@ bool Stream::retry_reupgrade(stats::FallbackReason reason) {
     if (orphaned_ || now_ns() > deadline_ns_) return false;
     conn_.reset();
     reup_waiting_.store(true, std::memory_order_release);
+    want_loop();
     LOG_DEBUG("fd %d: upgrading again failed (%s); waiting for the client's next attempt",
               tcp_fd_, stats::fallback_reason_name(reason));
     return true;
@@ -953,6 +960,7 @@ bool Stream::retry_reupgrade(stats::FallbackReason reason) {
   reup_at_ns_.store(now + kReupDelaysNs[reup_tries_], std::memory_order_release);
   deadline_ns_ = now + kReupDelaysNs[reup_tries_] + reup_attempt_ns();
   reup_waiting_.store(true, std::memory_order_release);
+  want_loop();  // its timer
   LOG_DEBUG("fd %d: upgrading again failed (%s); next attempt in %llu ms", tcp_fd_,
             stats::fallback_reason_name(reason),
             (unsigned long long)(kReupDelaysNs[reup_tries_] / 1000000));
@@ -964,6 +972,7 @@ bool Stream::retry_reupgrade(stats::FallbackReason reason) {
 void Stream::stay_on_tcp_locked() {
   reup_at_ns_.store(0, std::memory_order_release);
   reup_waiting_.store(false, std::memory_order_release);
+  want_loop();
   conn_.reset();
   deferred_fin();
   // Bytes read ahead are delivered through the stream before the kernel

@@ -25,6 +25,9 @@
 #include <utility>
 #include <vector>
 
+#include <boost/intrusive/list_hook.hpp>
+#include <boost/intrusive/set_hook.hpp>
+
 #include "socket/holders.h"
 #include "socket/upgrade_wire.h"
 #include "transport/connection.h"
@@ -148,7 +151,9 @@ class Stream {
   static constexpr uint64_t kEarlyStartBytes = 64 * 1024;
   void request_start(uint64_t at_ns) {
     start_at_ns_.store(at_ns ? at_ns : 1, std::memory_order_release);
+    want_loop();
   }
+  uint64_t start_at_ns() const { return start_at_ns_.load(std::memory_order_acquire); }
   // (A load first: the progress thread asks every stream on every tick, and
   // an exchange would write each one's cache line each time.)
   bool take_start_request(uint64_t now) {
@@ -296,12 +301,34 @@ class Stream {
     uint64_t t = reup_at_ns_.load(std::memory_order_acquire);
     return t != 0 && now >= t;
   }
+  uint64_t reupgrade_at_ns() const { return reup_at_ns_.load(std::memory_order_acquire); }
+  bool claim_requested() const { return claim_wanted_.load(std::memory_order_acquire); }
   bool waits_to_reupgrade() const { return reup_waiting_.load(std::memory_order_acquire); }
   bool tcp_watch_armed = false;  // progress thread only: the one-shot idle-TCP watch is armed
   bool tcp_watched = false;  // progress thread only, under its lock
   bool awaiting = false;     // in the registry's `awaiting` list (under its lock)
   size_t reg_index = 0;      // where the registry holds it (under its lock)
   uint64_t next_tick_ns = 0;  // progress thread only: next look while on RDMA
+  // The progress thread's schedule (socket/progress.cc, "The registry at
+  // scale" in docs/DESIGN.md): a stream that needs a look every tick is on
+  // its active list; one that needs a look only at a time (its keepalive on
+  // RDMA, an attempt to upgrade again, a wait's end) is in its timer set at
+  // loop_due_ns; a settled one (plain, or broken until its close) is in
+  // neither. Anything that changes what a stream needs from the thread
+  // (a phase, a start or claim request, a retry time, an accepted request,
+  // its close) calls want_loop(): it goes on a lock-free stack the thread
+  // moves to its active list at its next tick. Under the registry's lock.
+  using LoopHook = boost::intrusive::list_member_hook<
+      boost::intrusive::link_mode<boost::intrusive::auto_unlink>>;
+  using TimerHook = boost::intrusive::set_member_hook<
+      boost::intrusive::link_mode<boost::intrusive::auto_unlink>>;
+  LoopHook loop_hook;
+  TimerHook timer_hook;
+  uint64_t loop_due_ns = 0;
+  // Any thread, no lock: ask the thread to look at this stream.
+  void want_loop();
+  std::atomic<bool> loop_wanted{false};  // on the stack (cleared by the thread)
+  Stream* wanted_next = nullptr;         // the stack's link
 
   Phase phase() const { return phase_.load(std::memory_order_acquire); }
   bool client() const { return client_; }
