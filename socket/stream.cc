@@ -115,9 +115,10 @@ Stream::Stream(int tcp_fd, bool client, const sockaddr_storage& local,
   my_cookie_ = random_cookie();
   born_ns_ = now_ns();
   const auto& t = process_config().tunables;
-  // (A client's rendezvous starts up to upgrade_delay_ms late.)
-  deadline_ns_ =
-      born_ns_ + (uint64_t{t.upgrade_timeout_ms} + (client ? t.upgrade_delay_ms : 0)) * 1000000;
+  // A client's rendezvous starts up to upgrade_delay_ms late: both ends
+  // wait that much longer for it (the server's window counting only
+  // upgrade_timeout_ms from accept was 10 ms+ shorter than its client's).
+  deadline_ns_ = born_ns_ + (uint64_t{t.upgrade_timeout_ms} + t.upgrade_delay_ms) * 1000000;
   stats::set_state(slot_, stats::ConnState::kUpgrading);
 }
 
