@@ -331,10 +331,6 @@ unsigned long long Stream::us_since_start() const { return (now_ns() - born_ns_)
 // comes first, the application's next call (advance_locked) or the next
 // tick, makes it.
 void Stream::start_client() {
-  // The process's first rendezvous opens rdma_cm and the devices (tens of
-  // ms in the VM): not under the stream's lock, where the application's
-  // first writes would wait for it.
-  (void)transport::cm_hub::channel();
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) {
     request_start(1);

@@ -142,9 +142,10 @@ class Stream {
   bool advance(bool block = true);
   void start_client();                        // begin rdma_cm connect
   void start_client_locked();
-  // The connect() hook only asks; the progress thread starts the rdma_cm
-  // connect, so connect() costs the application no rdma_cm syscalls. It
-  // starts upgrade_delay_ms after connect(), or as soon as the connection
+  // The connect() hook only asks, so connect() costs the application no
+  // rdma_cm syscalls; the progress thread or the application's next call
+  // (advance_locked) starts the rdma_cm connect upgrade_delay_ms after
+  // connect(), or as soon as the connection
   // has moved kEarlyStartBytes on TCP: a connection that ends sooner (one
   // request, one reply) never pays for a rendezvous, whose CPU on both ends
   // made connect-to-first-byte 3.5-4x TCP's in the VM.
