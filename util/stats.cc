@@ -410,6 +410,13 @@ void set_fd(ConnSlot* s, int fd) {
   write_end(s);
 }
 
+void set_direction(ConnSlot* s, Direction dir) {
+  if (s == nullptr) return;
+  write_begin(s);
+  s->info.direction = static_cast<uint8_t>(dir);
+  write_end(s);
+}
+
 void set_addresses(ConnSlot* s, const sockaddr* local, const sockaddr* peer) {
   if (s == nullptr) return;
   write_begin(s);

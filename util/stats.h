@@ -58,6 +58,9 @@ void close_conn(ConnSlot* slot);
 // Descriptive updates (seqlock writers; rare events).
 void set_state(ConnSlot* slot, ConnState state);
 void set_fd(ConnSlot* slot, int fd);
+// A received or exec-inherited socket is opened as kServer before its
+// holder slot says which end it is.
+void set_direction(ConnSlot* slot, Direction dir);
 void set_addresses(ConnSlot* slot, const sockaddr* local, const sockaddr* peer);
 // Now on RDMA: transport = kRdma, state = kEstablished; counts conns_upgraded.
 // `again`: the connection was on RDMA before (it switched back and upgraded

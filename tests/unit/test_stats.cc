@@ -97,6 +97,7 @@ TEST_CASE("stats: write then read a snapshot") {
   a->add_credit_stall();
   a->set_ring_fill(5, 6);
   set_fallback(b, FallbackReason::kNoDevice);
+  set_direction(b, Direction::kServer);  // (as a received socket learns it)
   b->add_tx(Transport::kTcp, 3);
   count_handshake_error();
 
@@ -119,6 +120,9 @@ TEST_CASE("stats: write then read a snapshot") {
   CHECK(ca.send_ring_fill == 5);
   CHECK(format_endpoint(ca.info.family, ca.info.peer_addr, ca.info.peer_port) == "10.1.2.3:2000");
   CHECK(format_endpoint(ca.info.family, ca.info.local_addr, ca.info.local_port) == "127.0.0.1:1000");
+  CHECK(ca.info.direction == static_cast<uint8_t>(Direction::kClient));
+  const ConnSnapshot& cb = s.conns[0].info.fd == 8 ? s.conns[0] : s.conns[1];
+  CHECK(cb.info.direction == static_cast<uint8_t>(Direction::kServer));
 
   // Closing keeps the traffic in the process totals and frees the slot.
   close_conn(a);
