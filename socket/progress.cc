@@ -58,6 +58,10 @@ constexpr uint64_t kSweepNs = 1'000'000'000;  // every stream gets a look this o
 constexpr uint64_t kTcpTag = uint64_t{1} << 40;  // epoll data: kTcpTag | fd
 constexpr uint64_t kHubTag = uint64_t{1} << 41;  // the shared rdma_cm channel
 constexpr uint64_t kOwnerTag = uint64_t{1} << 42;  // kOwnerTag | pidfd of a listener's owner
+// An idle-TCP watch's data also holds its stream's registry index (bits 43
+// and up), so its event finds the stream without a walk over all of them.
+constexpr int kTcpIndexShift = 43;
+constexpr size_t kTcpIndexLimit = size_t{1} << (64 - kTcpIndexShift);
 // A child that lost the race for an exited owner's port looks again after
 // this (the winner names itself in the share right after its bind), doubling
 // up to kTakeOverGapMaxNs while the port stays taken by someone else.
@@ -492,19 +496,26 @@ void watch_idle_tcp(Stream* st, int op) {
   if (st->tcp_fd() < 0) return;
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLONESHOT;
-  ev.data.u64 = kTcpTag | uint32_t(st->tcp_fd());
+  const uint64_t index = st->reg_index < kTcpIndexLimit ? st->reg_index : 0;
+  ev.data.u64 = kTcpTag | index << kTcpIndexShift | uint32_t(st->tcp_fd());
   sys::libc.epoll_ctl(g_epfd, op, st->tcp_fd(), &ev);
 }
 
-// Under g_mu: the idle TCP socket `fd` of some upgraded stream is readable.
-void idle_tcp_event(int fd) {
-  for (size_t i = 0; i < g_streams.size(); i++) {
-    Stream* st = g_streams[i];
-    if (st->tcp_fd() != fd || !st->tcp_watched) continue;
-    if (st->check_idle_tcp()) watch_idle_tcp(st, EPOLL_CTL_MOD);
-    else st->tcp_watch_armed = false;  // one-shot: disarmed until on RDMA again
-    return;
-  }
+// Under g_mu: the idle TCP socket of some upgraded stream is readable. The
+// event's index is a hint: the stream must still be there with that fd
+// watched (an entry can outlive its stream: the kernel keys it by the file,
+// which a dup of the application's may keep open). A stream moved since its
+// watch was armed is found by a walk.
+void idle_tcp_event(uint64_t tag) {
+  const int fd = int(uint32_t(tag));
+  const size_t hint = size_t(tag >> kTcpIndexShift);
+  auto watching = [fd](const Stream* st) { return st->tcp_fd() == fd && st->tcp_watched; };
+  Stream* st = hint < g_streams.size() && watching(g_streams[hint]) ? g_streams[hint] : nullptr;
+  for (size_t i = 0; st == nullptr && i < g_streams.size(); i++)
+    if (watching(g_streams[i])) st = g_streams[i];
+  if (st == nullptr) return;
+  if (st->check_idle_tcp()) watch_idle_tcp(st, EPOLL_CTL_MOD);
+  else st->tcp_watch_armed = false;  // one-shot: disarmed until on RDMA again
 }
 
 // Under g_mu.
@@ -839,6 +850,11 @@ void* thread_main(void*) {
             g_streams[i]->reg_index = i;
             g_streams.pop_back();
             g_stream_owner.pop_back();
+            // Its armed watch names its old index: a close of thousands
+            // would otherwise walk them all once per idle-TCP event.
+            if (Stream* moved = g_streams.size() > i ? g_streams[i] : nullptr;
+                moved && moved->tcp_watch_armed && moved->tcp_fd() >= 0)
+              watch_idle_tcp(moved, EPOLL_CTL_MOD);
             // Never deleted while on the wanted stack (take_wanted skips
             // what is no longer registered).
             if (st->loop_wanted.load(std::memory_order_acquire)) take_wanted();
@@ -895,7 +911,7 @@ void* thread_main(void*) {
           continue;
         }
         if (tag & kTcpTag) {
-          idle_tcp_event(int(uint32_t(tag)));
+          idle_tcp_event(tag);
           continue;
         }
         if (tag == uint64_t(uint32_t(g_cmd_fd))) {
@@ -1211,6 +1227,7 @@ void adopt_passed(Socket* s, int fd) {
   if (!rdma_available() || fstat(fd, &sb) != 0) return;
   holders::Slot* h = holders::find_passed(uint64_t(sb.st_ino), &client);
   if (h == nullptr) return;  // its sender kept it on TCP, or ran without librsock
+  if (client) stats::set_direction(s->slot(), stats::Direction::kClient);
   sockaddr_storage local{}, peer{};
   socklen_t ll = sizeof local, pl = sizeof peer;
   bool ok = sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&
