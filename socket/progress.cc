@@ -778,13 +778,17 @@ void wake_due(uint64_t now) {
 
 // Under g_mu, after its look: a stream that needs no look every tick leaves
 // the active list, for the timer set if a time of its own comes. On RDMA:
-// its keepalive's. Waiting to upgrade again: its attempt's, and no later
-// than the idle tick (its holders, its deadline). Plain or broken: nothing
+// its keepalive's. Pending without a rendezvous: its own (`idle_due`: its
+// deferred start, its deadline, a look at its holders). Waiting to upgrade
+// again: its attempt's, and no later than the idle tick (its holders, its
+// deadline). Plain or broken: nothing
 // until it closes (socket_released activates it).
-void park(Stream* st, Phase p, uint64_t now) {
+void park(Stream* st, Phase p, uint64_t now, uint64_t idle_due = 0) {
   uint64_t due = 0;
   if (p == Phase::kRdma) {
     due = st->next_tick_ns;
+  } else if (p == Phase::kPending && idle_due != 0) {
+    due = idle_due;
   } else if (p == Phase::kPending) {
     due = now + uint64_t{kIdleTickMs} * 1000000;
     if (uint64_t r = st->reupgrade_at_ns(); r != 0) due = std::min(due, r);
@@ -871,11 +875,6 @@ void* thread_main(void*) {
         // (Armed again after a reverse switch and a new upgrade.)
         if (p == Phase::kRdma && !st->tcp_watch_armed)
           watch_idle_tcp(st, st->tcp_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD);
-        // A stream waiting to upgrade again waits for seconds: its timer
-        // and a listener's fd wake the thread, the idle tick suffices.
-        const bool ticks = (p == Phase::kPending && !st->waits_to_reupgrade()) ||
-                           p == Phase::kSwitching || p == Phase::kReverting;
-        busy = busy || ticks;
         // An upgraded stream needs the thread only for its keepalive (its
         // reader or poller handles the rest): a look every keepalive_ms/2,
         // not every tick. Measured with 2000 upgraded sockets in the VM,
@@ -884,8 +883,19 @@ void* thread_main(void*) {
         if (p != Phase::kRdma || now >= st->next_tick_ns) {
           if (p == Phase::kRdma) st->next_tick_ns = now + rdma_tick_ns();
           (void)st->advance(/*block=*/false);
+          p = st->phase();
         }
-        if (!ticks && st->start_at_ns() == 0 && !st->claim_requested()) park(st, st->phase(), now);
+        // A stream waiting to upgrade again waits for seconds: its timer
+        // and a listener's fd wake the thread, the idle tick suffices. One
+        // pending without a rendezvous waits for a time of its own (or for
+        // a request, which activates it).
+        const bool waits = p == Phase::kPending && !st->waits_to_reupgrade();
+        const uint64_t idle_due = waits ? st->idle_due_ns(now) : 0;
+        const bool ticks =
+            (waits && idle_due == 0) || p == Phase::kSwitching || p == Phase::kReverting;
+        busy = busy || ticks;
+        if (!ticks && (st->start_at_ns() == 0 || idle_due != 0) && !st->claim_requested())
+          park(st, p, now, idle_due);
       }
       busy = busy || !g_requests.empty() ||
              std::any_of(g_listeners.begin(), g_listeners.end(),

@@ -64,6 +64,7 @@ uint64_t reup_attempt_ns() {
 // How often a stream held by other processes too looks for holders that
 // died without closing (Stream::advance_locked).
 constexpr uint64_t kReapGapNs = 100'000'000;
+constexpr uint64_t kSoleLookNs = 10'000'000;
 
 // How long a server waits for the client's attempts (every one of them).
 uint64_t reup_window_ns() {
@@ -1231,6 +1232,23 @@ void Stream::announce() {
 // stream next anyway, so only the waiters that need it are poked.
 void Stream::completion_event() { announce(); }
 
+
+uint64_t Stream::idle_due_ns(uint64_t now) {
+  std::unique_lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock() || phase() != Phase::kPending || conn_ || held_pending() ||
+      plain_when_drained_ || orphaned_)
+    return 0;
+  uint64_t due = deadline_ns_;
+  if (uint64_t at = start_at_ns_.load(std::memory_order_acquire); at != 0) {
+    if (at <= now) return 0;
+    due = std::min(due, at);
+  }
+  // (Whether the other holders are gone is read from shared memory: nobody
+  // tells us. Every 10 ms, as a fork's parent usually closes its copy at
+  // once and the child should not wait long to upgrade again.)
+  if (holders_ && shared_.load(std::memory_order_relaxed)) due = std::min(due, now + kSoleLookNs);
+  return due > now ? due : 0;
+}
 
 // One step of everything that can progress without blocking. Returns true on
 // a change waiters care about (phase, new data, new room, error).

@@ -804,6 +804,32 @@ TEST_CASE("f3_hostile_unknown_control_after_switch") { hostile_after_switch(Host
 TEST_CASE("f4_hostile_tcp_bytes_after_switch") { hostile_after_switch(Hostile::kTcpAfter); }
 TEST_CASE("f5_ready_again_after_switch") { hostile_after_switch(Hostile::kReadyAgain); }
 
+// The voluntary context switches (sleeps) of this process's progress
+// thread so far, or -1 if it cannot be found.
+long progress_sleeps() {
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return -1;
+  long n = -1;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::string base = std::string("/proc/self/task/") + e->d_name;
+    char comm[64] = "";
+    if (FILE* f = fopen((base + "/comm").c_str(), "r")) {
+      if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
+      fclose(f);
+    }
+    if (strncmp(comm, "rsock-progress", 14) != 0) continue;
+    if (FILE* f = fopen((base + "/status").c_str(), "r")) {
+      char line[256];
+      while (fgets(line, sizeof line, f))
+        if (sscanf(line, "voluntary_ctxt_switches: %ld", &n) == 1) break;
+      fclose(f);
+    }
+  }
+  closedir(d);
+  return n;
+}
+
 // g. The client's rendezvous starts upgrade_delay_ms after connect() or as
 // soon as the connection has moved 64 KiB (ctest runs this case with the
 // delay at 60 s): a connection that exchanges a few bytes has none for
@@ -838,8 +864,17 @@ TEST_CASE("g_deferred_start") {
   CHECK(verify(8, kBytes, got.data(), got.size()) == -1);
   View vb = view_of(big.c);
   CHECK_MESSAGE(vb.rdma_tx > 0, describe(vb));
+  // While the small one waits for its start (both of its ends are here),
+  // the progress thread sleeps until a time of its own: its idle tick
+  // (50 ms) and the big one's keepalive, not its busy tick (1 ms). It
+  // ticked every 1 ms before (about 1000 sleeps a second).
+  sleep(1);
+  long before = progress_sleeps();
+  sleep(1);
+  long slept = progress_sleeps() - before;
+  CHECK(before >= 0);
+  CHECK_MESSAGE(slept < 200, "progress thread slept " << slept << " times in a second");
   // The small one: a few seconds on, still deciding (no fallback) on TCP.
-  sleep(2);
   View vs = view_of(small.c);
   CHECK_MESSAGE((vs.found && vs.transport == 0 && vs.fallback == 0), describe(vs));
 }
