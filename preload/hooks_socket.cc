@@ -86,8 +86,20 @@ static int accept_common(HookScope& h, int fd, int r, int flags) {
   if (l) {
     track_new(r, l->domain(), Role::kAccepted, flags & SOCK_NONBLOCK);
     if (auto s = socket::lookup(r)) {
-      s->open_stats(r, stats::Direction::kServer, nullptr, true);
-      socket::start_server_upgrade(l.get(), s.get(), r);
+      // Both addresses once, for the stats and the upgrade (each syscall
+      // costs tens of microseconds in the TCG guests).
+      sockaddr_storage local{}, peer{};
+      socklen_t ll = sizeof local, pl = sizeof peer;
+      if (real().getsockname(r, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&
+          real().getpeername(r, reinterpret_cast<sockaddr*>(&peer), &pl) == 0) {
+        s->open_stats_established(r, stats::Direction::kServer,
+                                  reinterpret_cast<sockaddr*>(&local),
+                                  reinterpret_cast<sockaddr*>(&peer));
+        socket::start_server_upgrade(l.get(), s.get(), r, &local, &peer);
+      } else {
+        s->open_stats(r, stats::Direction::kServer, nullptr, true);
+        socket::start_server_upgrade(l.get(), s.get(), r);
+      }
       s->upgrade_decided.store(true, std::memory_order_release);
     }
   } else {
@@ -184,8 +196,17 @@ RSOCK_HOOK int connect(int fd, const struct sockaddr* addr, socklen_t len) noexc
   if (s && (r == 0 || errno == EINPROGRESS)) {
     int saved = errno;
     s->set_role(Role::kClient);
-    s->open_stats(fd, rsock::stats::Direction::kClient, addr, r == 0);
-    if (rsock::socket::start_client_upgrade(s.get(), fd, addr))
+    // The local address once, for the stats and the upgrade (a blocking
+    // connect is established: the peer is `addr`).
+    sockaddr_storage local{};
+    socklen_t ll = sizeof local;
+    bool have_local = real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) == 0;
+    if (r == 0 && have_local && (addr->sa_family == AF_INET || addr->sa_family == AF_INET6))
+      s->open_stats_established(fd, rsock::stats::Direction::kClient,
+                                reinterpret_cast<sockaddr*>(&local), addr);
+    else
+      s->open_stats(fd, rsock::stats::Direction::kClient, addr, r == 0);
+    if (rsock::socket::start_client_upgrade(s.get(), fd, addr, have_local ? &local : nullptr))
       rsock::socket::epoll_take_over(fd);  // registered before connect()
     s->upgrade_decided.store(true, std::memory_order_release);
     errno = saved;  // EINPROGRESS must reach the application

@@ -1027,6 +1027,7 @@ void server_awaits_request() { g_awaiting_epoch.fetch_add(1, std::memory_order_a
 
 bool negative_cache_hit(const sockaddr_storage& peer) {
   std::lock_guard lk(g_neg_mu);
+  if (g_negative.empty()) return false;  // (no clock read: a syscall in some VMs)
   uint64_t now = now_ns();
   for (auto& e : g_negative)
     if (e.expires_ns > now && (e.whole_host || port_of(e.peer) == port_of(peer)) &&
@@ -1037,6 +1038,7 @@ bool negative_cache_hit(const sockaddr_storage& peer) {
 
 bool negative_cache_host(const sockaddr* addr) {
   std::lock_guard lk(g_neg_mu);
+  if (g_negative.empty()) return false;
   uint64_t now = now_ns();
   for (auto& e : g_negative)
     if (e.whole_host && e.expires_ns > now &&
@@ -1053,11 +1055,13 @@ void negative_cache_add(const sockaddr_storage& peer, bool whole_host) {
   if (g_negative.size() < 4096) g_negative.push_back({peer, exp, whole_host});
 }
 
-Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
+Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr,
+                             const sockaddr_storage* local_addr) {
   if (s->stream() || !eligible(config::Direction::kClient, peer_addr)) return nullptr;
   sockaddr_storage local{}, peer{};
   socklen_t ll = sizeof local;
-  if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return nullptr;
+  if (local_addr) local = *local_addr;
+  else if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return nullptr;
   std::memcpy(&peer, peer_addr, std::min<size_t>(sizeof peer, peer_addr->sa_family == AF_INET
                                                                     ? sizeof(sockaddr_in)
                                                                     : sizeof(sockaddr_in6)));
@@ -1082,9 +1086,18 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr) {
   Stream* st = new_stream(s, fd, true, local, peer);
   if (!st) return nullptr;
   s->set_stream(st);
-  st->request_start(now_ns() + uint64_t{process_config().tunables.upgrade_delay_ms} * 1000000);
-  std::lock_guard lk(g_mu);
-  poke();
+  // No poke for a deferred start: the thread looks at active streams at
+  // least every idle tick (50 ms), and the application's own next call
+  // makes a start that is due (advance_locked). A poke per connect() woke
+  // the thread to contend for the registry's lock in the middle of the
+  // application's connection setup. An idle connection may so start up to
+  // a tick late; none with upgrade_delay_ms = 0 does.
+  const uint32_t delay_ms = process_config().tunables.upgrade_delay_ms;
+  st->request_start(coarse_now_ns() + uint64_t{delay_ms} * 1000000);
+  if (delay_ms == 0) {
+    std::lock_guard lk(g_mu);
+    poke();
+  }
   return st;
 }
 
@@ -1147,7 +1160,8 @@ void make_reachable(Stream* st, uint64_t now) {
 }
 }  // namespace
 
-Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
+Stream* start_server_upgrade(Socket* listener, Socket* s, int fd, const sockaddr_storage* local_addr,
+                             const sockaddr_storage* peer_addr) {
   // Set when `listener` was inherited from the process that owns its
   // rdma_cm listener: the table through which that process redirects.
   listen_share::Table* share = nullptr;
@@ -1174,9 +1188,13 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
   }
   sockaddr_storage local{}, peer{};
   socklen_t ll = sizeof local, pl = sizeof peer;
-  if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
-      sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+  if (local_addr && peer_addr) {
+    local = *local_addr;
+    peer = *peer_addr;
+  } else if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+             sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {
     return nullptr;
+  }
   if (!eligible(config::Direction::kServer, reinterpret_cast<sockaddr*>(&local))) return nullptr;
   if (io_uring_started()) {  // the client's request is rejected: no stream matches it
     s->note_fallback(stats::FallbackReason::kIoUring);
@@ -1214,7 +1232,8 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd) {
     if (slot < 0) st->fall_back(stats::FallbackReason::kNoResources);  // table full
     else g_claims.push_back({st, share, slot});
   }
-  poke();  // a request may already be waiting for this connection
+  // (No poke: a request that is already waiting for this connection keeps
+  // the thread on its busy tick, 1 ms, until it is matched or expires.)
   return st;
 }
 

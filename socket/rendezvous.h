@@ -15,9 +15,13 @@ class Stream;
 
 // A tracked socket's connect() was issued (r == 0 or EINPROGRESS): start an
 // upgrade if the connection is eligible. Returns the stream, or nullptr.
-Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer);
+// `local` (optional): the socket's address, if the caller has it (saves a syscall).
+Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer,
+                             const sockaddr_storage* local = nullptr);
 // accept() returned fd on a listener that has an rdma_cm listener.
-Stream* start_server_upgrade(Socket* listener, Socket* s, int fd);
+Stream* start_server_upgrade(Socket* listener, Socket* s, int fd,
+                             const sockaddr_storage* local = nullptr,
+                             const sockaddr_storage* peer = nullptr);
 // fd passing (docs/DESIGN.md, "Upgrading again in the receiver"): before a
 // tracked socket goes out with SCM_RIGHTS (after Stream::give_away), and
 // once a TCP socket came in that way and is tracked (Socket `s` at `fd`):

@@ -108,6 +108,15 @@ void Socket::open_stats(int fd, stats::Direction dir, const sockaddr* peer, bool
   else stats::set_state(slot_, stats::ConnState::kConnecting);
 }
 
+void Socket::open_stats_established(int fd, stats::Direction dir, const sockaddr* local,
+                                    const sockaddr* peer) {
+  fd_ = fd;
+  if (slot_) return;
+  slot_ = stats::open_conn(fd, dir, local, peer);
+  if (!established_.exchange(true, std::memory_order_relaxed) && slot_)
+    stats::set_state(slot_, stats::ConnState::kEstablished);
+}
+
 // Both addresses are known once the connection exists; until RDMA upgrades
 // exist (issue 4) an established socket is carried by TCP.
 void Socket::mark_established() {

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <utility>
 
@@ -74,12 +75,31 @@ uint64_t reup_window_ns() {
 }
 
 
+// Cookies come from the kernel's random pool 64 at a time: a getrandom per
+// connection was one more syscall in every connect() and accept() (each
+// costs tens of microseconds in the TCG guests). The batch is the process's;
+// a fork child starts a fresh one (thread_wake_after_fork_child), so parent
+// and child never hand out the same cookie.
+constexpr int kCookieBatch = 64;
+std::mutex g_cookie_mu;
+uint64_t g_cookies[kCookieBatch];
+int g_cookies_left = 0;
+
 uint64_t random_cookie() {
-  uint64_t c = 0;
-  while (c == 0) {
-    if (getrandom(&c, sizeof c, 0) != sizeof c) c = now_ns() * 0x9e3779b97f4a7c15ull;
+  std::lock_guard lk(g_cookie_mu);
+  for (;;) {
+    if (g_cookies_left == 0) {
+      if (getrandom(g_cookies, sizeof g_cookies, 0) == sizeof g_cookies) {
+        g_cookies_left = kCookieBatch;
+      } else {
+        g_cookies[0] = now_ns() * 0x9e3779b97f4a7c15ull;
+        g_cookies_left = 1;
+      }
+    }
+    uint64_t c = g_cookies[--g_cookies_left];
+    g_cookies[g_cookies_left] = 0;  // handed out once
+    if (c != 0) return c;
   }
-  return c;
 }
 
 }  // namespace
@@ -114,7 +134,7 @@ Stream::Stream(int tcp_fd, bool client, const sockaddr_storage& local,
       slot_(slot) {
   g_streams_alive.fetch_add(1, std::memory_order_relaxed);
   my_cookie_ = random_cookie();
-  born_ns_ = now_ns();
+  born_ns_ = coarse_now_ns();  // (deadlines, logs: a tick's precision will do, and no syscall)
   const auto& t = process_config().tunables;
   // A client's rendezvous starts up to upgrade_delay_ms late: both ends
   // wait that much longer for it (the server's window counting only
@@ -199,6 +219,8 @@ void drain_thread_wake() {
 }
 
 void thread_wake_after_fork_child() {
+  new (&g_cookie_mu) std::mutex;  // (another thread may have held it at the fork)
+  g_cookies_left = 0;
   // (Only the forking thread exists here: nothing pokes.)
   if (t_wake.fd >= 0) sys::close_owned(std::exchange(t_wake.fd, -1));
   for (auto& slot : g_parked_wake)
@@ -1262,7 +1284,10 @@ bool Stream::advance_locked(bool full) {
       if (flush_held() || held_.size() - held_off_ != before) return true;
     }
     if (plain_when_drained_) return false;
-    const uint64_t now = now_ns();
+    // (Every I/O call of a pending stream gets here: the coarse clock, as
+    // CLOCK_MONOTONIC is a syscall in VMs without a vDSO clock source. Its
+    // lag, a tick, only makes a start or a deadline that much later.)
+    const uint64_t now = coarse_now_ns();
     if (p == Phase::kPending && holders_ && shared_.load(std::memory_order_relaxed)) {
       // (A holder gone without closing is looked for every 100 ms at most.)
       bool sole = holders::sole(holders_);

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 
+#include "util/clock.h"
 #include "util/sys.h"
 
 namespace rsock::sys {
@@ -48,10 +49,22 @@ int dup_high(int fd) {
 }  // namespace
 
 bool owned_fd_room(int n) {
-  rlimit rl{};
-  long top = kOwnedFdTop;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && long(rl.rlim_cur) < top)
-    top = long(rl.rlim_cur);
+  // Asked per connection: the limit is read again at most every 100 ms
+  // (a getrlimit per connect() and accept() was a syscall each; a program
+  // that lowers its limit is seen a moment later, and this is only the
+  // policy of how many fds librsock may take, not what the kernel enforces).
+  static std::atomic<long> cached_top{0};
+  static std::atomic<uint64_t> read_at_ns{0};
+  uint64_t now = coarse_now_ns();
+  long top = cached_top.load(std::memory_order_relaxed);
+  if (top == 0 || now - read_at_ns.load(std::memory_order_relaxed) > 100'000'000) {
+    rlimit rl{};
+    top = kOwnedFdTop;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && long(rl.rlim_cur) < top)
+      top = long(rl.rlim_cur);
+    cached_top.store(top, std::memory_order_relaxed);
+    read_at_ns.store(now, std::memory_order_relaxed);
+  }
   return long(g_count.load(std::memory_order_relaxed)) + n <= top / 2;
 }
 
