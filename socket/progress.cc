@@ -1427,7 +1427,7 @@ void fd_closing(int fd) {
   // keyed by the number), then the stream's (retire_fd).
   std::lock_guard lk(g_mu);
   if (!st->uses_app_fd(fd)) return;  // another thread's close got here first
-  if (!st->retire_fd(fd)) return;
+  if (!st->retire_fd(fd, s->names() <= 1)) return;
   // (fd still names the socket: the application's close comes after this.)
   bool watched = st->tcp_watched, armed = st->tcp_watch_armed;
   if (watched) sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_DEL, fd, nullptr);

@@ -315,11 +315,18 @@ void Stream::tcp_event(uint32_t events) {
   announce();
 }
 
-bool Stream::retire_fd(int fd) {
+bool Stream::retire_fd(int fd, bool last) {
   std::lock_guard lk(mu_);
   if (tcp_owned_.load(std::memory_order_relaxed) || tcp_fd_ != fd || fd < 0) return false;
   Phase p = phase();
-  if ((p == Phase::kPlain && !closed_second_) || p == Phase::kBroken) {
+  // A client whose rendezvous has not started (upgrade_delay_ms, a
+  // connection of one request and one reply) has moved every byte on TCP
+  // and never will move one elsewhere: as plain. (A dup kept its FIN back
+  // until the progress thread's next look, and cost a syscall or two.)
+  const bool unstarted =
+      last && p == Phase::kPending && client_ && !conn_ && !reup_ && !held_pending();
+  if (unstarted) drop_start_request();
+  if (((p == Phase::kPlain || unstarted) && !closed_second_) || p == Phase::kBroken) {
     // Nothing of ours is left to deliver: the kernel ends the connection
     // with the application's close, as it would without librsock (and an
     // epoll registration of fd ends with it, which a dup would keep alive).

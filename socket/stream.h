@@ -363,7 +363,8 @@ class Stream {
   // of its own (in the owned band) and moves its tcp_hub entry there. The
   // caller moves the progress thread's idle-TCP watch. False if fd is not
   // (or no longer) the one this stream uses.
-  bool retire_fd(int fd);
+  // `last`: fd is the socket's last name (the connection ends with it).
+  bool retire_fd(int fd, bool last);
   // epoll emulation (readiness.cc): while data may come over TCP, the TCP
   // socket is in the tcp_hub (socket/tcp_hub.h). Idempotent, cheap when
   // already there.

@@ -804,6 +804,17 @@ TEST_CASE("f3_hostile_unknown_control_after_switch") { hostile_after_switch(Host
 TEST_CASE("f4_hostile_tcp_bytes_after_switch") { hostile_after_switch(Hostile::kTcpAfter); }
 TEST_CASE("f5_ready_again_after_switch") { hostile_after_switch(Hostile::kReadyAgain); }
 
+// How many fds this process has open (its own and librsock's).
+int open_fds() {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int n = 0;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1;  // (the directory's own fd)
+}
+
 // The voluntary context switches (sleeps) of this process's progress
 // thread so far, or -1 if it cannot be found.
 long progress_sleeps() {
@@ -877,6 +888,15 @@ TEST_CASE("g_deferred_start") {
   // The small one: a few seconds on, still deciding (no fallback) on TCP.
   View vs = view_of(small.c);
   CHECK_MESSAGE((vs.found && vs.transport == 0 && vs.fallback == 0), describe(vs));
+  // Closed before its start, it ends as a plain socket: no fd of ours stays
+  // behind to carry it (a dup whose FIN waited for the progress thread),
+  // and the server sees the EOF.
+  int fds = open_fds();
+  REQUIRE(close(std::exchange(small.c, -1)) == 0);
+  CHECK(open_fds() == fds - 1);
+  pollfd pf{small.s, POLLIN, 0};
+  CHECK(poll(&pf, 1, 5000) == 1);
+  CHECK(read(small.s, in, sizeof in) == 0);
 }
 
 TEST_CASE("e_forged_request_plain_client") { forged_plain_client(Forger::kHonest); }
