@@ -88,10 +88,10 @@ bool spin(const std::vector<Stream*>& streams, Check&& ready, bool resting_rdma 
   if (!us || (!resting_rdma && std::none_of(streams.begin(), streams.end(),
                                             [](Stream* s) { return s->on_rdma(); })))
     return false;
-  uint64_t end = now_ns() + uint64_t{us} * 1000;
+  SpinDeadline end(us);
   do {
     if (ready()) return true;
-  } while (now_ns() < end);
+  } while (!end.passed());
   return false;
 }
 

@@ -20,6 +20,7 @@
 #include "socket/stream.h"
 #include "transport/cq_hub.h"
 #include "util/stats.h"
+#include "util/clock.h"
 #include "util/sys.h"
 
 namespace rsock::socket {
@@ -500,8 +501,7 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals) {
   // sooner than a sleep and wakeup would take.
   uint32_t spin_us = process_config().tunables.spin_us;
   if (phase() == Phase::kRdma && spin_us) {
-    timespec t0{}, t{};
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    SpinDeadline end(spin_us);
     do {
       {
         std::lock_guard lk(mu_);
@@ -509,8 +509,7 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals) {
         if (phase() != Phase::kRdma || (events_locked(interest) & (interest | POLLERR | POLLHUP)))
           return 0;
       }
-      clock_gettime(CLOCK_MONOTONIC, &t);
-    } while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < spin_us);
+    } while (!end.passed());
   }
   pollfd fds[3];
   int n = wait_fds(interest, fds);

@@ -768,17 +768,22 @@ bool Connection::wait_done(short events) const {
 
 Status<void> Connection::wait(short events, int timeout_ms) {
   uint64_t start = now_ns();
-  uint64_t spin_end = start + uint64_t{tun_.spin_us} * 1000;
   uint64_t end = timeout_ms < 0 ? UINT64_MAX : start + uint64_t(timeout_ms) * 1000000;
-  // Spin on the CQ alone (no syscalls); progress() and the fd only once the
-  // spin budget is spent, so the CQ is armed right before sleeping.
+  // Spin on the CQ alone (no syscalls, not even a clock read: SpinDeadline);
+  // progress() and the fd only once the spin budget is spent, so the CQ is
+  // armed right before sleeping.
+  SpinDeadline spin(tun_.spin_us);
+  bool spinning = tun_.spin_us != 0;
   bool slept_ready = true;
   while (!wait_done(events)) {
-    uint64_t now = now_ns();
-    if (now < spin_end && cq_ != nullptr && established()) {
-      if (poll_cq()) flush_pending();
-      continue;
+    if (spinning && cq_ != nullptr && established()) {
+      if (!spin.passed()) {
+        if (poll_cq()) flush_pending();
+        continue;
+      }
+      spinning = false;
     }
+    uint64_t now = now_ns();
     if (slept_ready) {
       (void)progress();
       slept_ready = false;
