@@ -92,9 +92,20 @@ ibv_comp_channel* channel(ibv_context* ctx) {
 
 int fd() { return g_fd.load(std::memory_order_acquire); }
 
+std::atomic<bool> g_noted{false};
+
+void note_readable() {
+  if (!g_noted.load(std::memory_order_relaxed)) g_noted.store(true, std::memory_order_release);
+}
+
+bool noted() { return g_noted.load(std::memory_order_acquire); }
+
 void poll() {
   if (g_nch.load(std::memory_order_acquire) == 0) return;
   std::lock_guard lk(cm_hub::mu());
+  // (Cleared before the read: an event that stays in the channel marks it
+  // again through the next sleeper it wakes.)
+  if (g_noted.load(std::memory_order_relaxed)) g_noted.store(false, std::memory_order_relaxed);
   int n = g_nch.load(std::memory_order_relaxed);
   for (int i = 0; i < n; i++) {
     ibv_cq* cq;

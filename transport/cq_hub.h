@@ -12,7 +12,8 @@
 // Who polls: whoever sleeps on a connection includes fd() in its sleep
 // (Connection::fd(); the socket layer's blocking waits, poll/select
 // emulation and every epoll set's shadow instance), and whoever wakes on it
-// polls the hub; Connection::progress() polls it too. So a completion wakes
+// polls the hub, or marks it for the next Connection::progress() to poll
+// (note_readable). So a completion wakes
 // the application thread that sleeps on it directly, as a channel per
 // connection did, with no thread hop (measured in the VM: a hop through the
 // progress thread made a 64 B round trip 8x longer). The cost: every thread
@@ -41,6 +42,13 @@ int fd();
 // Reads one pending completion event per channel (more leave fd() readable)
 // and delivers it. Any thread; never blocks.
 void poll();
+// A sleeper that leaves the read to the next Connection::progress() (to put
+// no syscall between its wakeup and the data) says fd() woke it; progress()
+// reads the hub only then. A stale mark costs one read that finds nothing; a
+// missed one an event left in the channel, which keeps fd() readable and
+// wakes the next sleeper at once.
+void note_readable();
+bool noted();
 // Under mu(): events of `cq` are acknowledged and dropped from now on.
 void forget(ibv_cq* cq);
 // In a fork child: the channels are the parent's (their CQs are the
