@@ -121,7 +121,9 @@ RSOCK_HOOK int epoll_ctl(int ep, int op, int fd, struct epoll_event* ev) noexcep
   } else if (op != EPOLL_CTL_DEL && rsock::preload::t_depth == 1) {
     rsock::socket::epoll_observed(fd);  // an epoll instance nested in another
   }
-  return h.pass(real().epoll_ctl(ep, op, fd, ev));
+  int r = real().epoll_ctl(ep, op, fd, ev);
+  if (r == 0 && op == EPOLL_CTL_ADD) rsock::socket::epoll_kernel_added(ep);
+  return h.pass(r);
 }
 
 namespace {

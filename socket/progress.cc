@@ -33,6 +33,7 @@
 #include "socket/fd_table.h"
 #include "socket/listen_share.h"
 #include "socket/process.h"
+#include "socket/readiness.h"
 #include "socket/rendezvous.h"
 #include "socket/stream.h"
 #include "socket/tcp_hub.h"
@@ -1632,6 +1633,7 @@ void settle_switches(bool servers = true) {
 }  // namespace
 
 void progress_before_fork() {
+  epoll_before_fork();
   // The progress thread parks first (g_loop_mu); while it is parked the
   // connections settled below read the rdma_cm hub themselves.
   g_loop_mu.lock();

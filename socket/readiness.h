@@ -53,6 +53,11 @@ bool is_epoll_instance(int fd);
 // epoll_create/epoll_create1 returned epfd (its EpollSet exists from then on,
 // so that nesting it is noticed even before it holds a tracked socket).
 void epoll_created(int epfd);
+// An EPOLL_CTL_ADD the kernel accepted for epfd without us (a plain fd): its
+// kernel instance holds registrations of the application's from now on.
+void epoll_kernel_added(int epfd);
+// Before fork(): the sets so far share their kernel instances with the child.
+void epoll_before_fork();
 // fd is being polled, or added to another epoll instance: if it is an epoll
 // instance, its readiness must be kept exact from now on (see EpollSet).
 void epoll_observed(int fd);
