@@ -4,7 +4,8 @@
 # label rdma, in the VM; ctest runs N=200). Both processes preloaded, as
 # root with RLIMIT_NOFILE raised for N. Passes when the client got every
 # byte back right, every connection was on RDMA in both processes, and
-# `rdma resource show qp` listed at least 2N RC QPs in RTS once all were up.
+# `rdma resource show qp` listed at least 2N RC QPs in RTS once all were up,
+# and neither process counted a connection as path_failed.
 # The 10,000-connection run (a soak, not CI; docs/PERFORMANCE.md):
 #   tools/rxe-vm --mem 10G --timeout 1500 -- 'bash tests/footprint/many.sh build 10.77.0.1 10000 4096'
 set -uo pipefail
@@ -43,6 +44,11 @@ fail=0
 [ $src = 0 ] || { echo "FAIL: server status $src"; fail=1; }
 grep -q "client conns=$N on_rdma=$N .* bad=0" "$T/client" || { echo "FAIL: not every connection on RDMA with every byte right"; fail=1; }
 grep -q "server conns=$N on_rdma=$N" "$T/server" || { echo "FAIL: not every accepted connection on RDMA"; fail=1; }
+# No path failed here: a QP that goes with its exiting peer after both
+# directions finished is no failure (it was counted as one, 1561 of 10,000).
+grep -h "summary:" "$T/client" "$T/server" | grep -q "path_failed=" &&
+  { echo "FAIL: connections counted as path_failed: $(grep -ho "path_failed=[0-9]*" "$T/client" "$T/server" | tr "\n" " ")"; fail=1; }
+grep -q "summary:" "$T/client" || { echo "FAIL: no exit summary from the client"; fail=1; }
 [ "$qps" -ge $((2 * N)) ] || { echo "FAIL: $qps RC QPs in RTS, expected at least $((2 * N))"; fail=1; }
 [ $fail = 0 ] && echo "PASS: $N connections between two processes, all on RDMA, every byte right"
 exit $fail
