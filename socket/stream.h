@@ -115,7 +115,13 @@ class Stream {
   // Sleeps until poll_events(interest) may have changed, or timeout.
   // Returns 0, or EINTR / kRestarted when a signal handler ran since
   // `signals` was taken (signals.h).
-  int wait(short interest, int timeout_ms, SignalWatch& signals);
+  // `spin`: busy-poll first (spin_us) on RDMA; false when the caller has
+  // just done so (spin()).
+  int wait(short interest, int timeout_ms, SignalWatch& signals, bool spin_first = true);
+  // The busy-poll alone: true if the stream is ready for `interest` (or left
+  // RDMA) within spin_us. What a blocking call does before it reads its
+  // socket's SO_RCVTIMEO/SO_SNDTIMEO (a syscall), which only a sleep needs.
+  bool spin(short interest);
 
   // A buffer for calls that must copy through the stream (sendfile, splice):
   // hooks keep their stack frames small and do not call malloc, so it is

@@ -293,7 +293,11 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
     }
     if (r.error() != EAGAIN) return got ? Status<size_t>(got) : r;
     if (nonblock) return got ? Status<size_t>(got) : Err(EAGAIN);
+    bool spun = false;
     if (timeout == -2) {
+      // (The timeout is read only once the spin did not do: a syscall.)
+      if (spin(POLLIN)) continue;
+      spun = true;
       timeout = socket_timeout_ms(tcp_fd(), SO_RCVTIMEO);
       deadline = timeout < 0 ? 0 : now_ms() + uint64_t(timeout);
     }
@@ -304,7 +308,7 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
       left = int(deadline - now);
     }
     // A socket with a timeout is never restarted (signal(7)).
-    if (int w = wait(POLLIN, left, signals); w == EINTR || (w == kRestarted && timeout >= 0))
+    if (int w = wait(POLLIN, left, signals, !spun); w == EINTR || (w == kRestarted && timeout >= 0))
       return got ? Status<size_t>(got) : Err(EINTR);
   }
 }
@@ -333,7 +337,11 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
     }
     if (r.error() != EAGAIN) return sent ? Status<size_t>(sent) : r;
     if (nonblock) return sent ? Status<size_t>(sent) : Err(EAGAIN);
+    bool spun = false;
     if (timeout == -2) {
+      // (The timeout is read only once the spin did not do: a syscall.)
+      if (spin(POLLOUT)) continue;
+      spun = true;
       timeout = socket_timeout_ms(tcp_fd(), SO_SNDTIMEO);
       deadline = timeout < 0 ? 0 : now_ms() + uint64_t(timeout);
     }
@@ -343,7 +351,7 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
       if (now >= deadline) return sent ? Status<size_t>(sent) : Err(EAGAIN);
       left = int(deadline - now);
     }
-    if (int w = wait(POLLOUT, left, signals); w == EINTR || (w == kRestarted && timeout >= 0))
+    if (int w = wait(POLLOUT, left, signals, !spun); w == EINTR || (w == kRestarted && timeout >= 0))
       return sent ? Status<size_t>(sent) : Err(EINTR);
   }
 }
@@ -496,21 +504,25 @@ int Stream::wait_fds(short interest, pollfd* out) {
   return n;
 }
 
-int Stream::wait(short interest, int timeout_ms, SignalWatch& signals) {
-  // Busy-poll first on RDMA: a reply usually arrives within microseconds,
-  // sooner than a sleep and wakeup would take.
+bool Stream::spin(short interest) {
+  // Busy-poll on RDMA: a reply usually arrives within microseconds, sooner
+  // than a sleep and wakeup would take.
   uint32_t spin_us = process_config().tunables.spin_us;
-  if (phase() == Phase::kRdma && spin_us) {
-    SpinDeadline end(spin_us);
-    do {
-      {
-        std::lock_guard lk(mu_);
-        advance_inline(false);  // completions only: no syscall while spinning
-        if (phase() != Phase::kRdma || (events_locked(interest) & (interest | POLLERR | POLLHUP)))
-          return 0;
-      }
-    } while (!end.passed());
-  }
+  if (phase() != Phase::kRdma || !spin_us) return false;
+  SpinDeadline end(spin_us);
+  do {
+    {
+      std::lock_guard lk(mu_);
+      advance_inline(false);  // completions only: no syscall while spinning
+      if (phase() != Phase::kRdma || (events_locked(interest) & (interest | POLLERR | POLLHUP)))
+        return true;
+    }
+  } while (!end.passed());
+  return false;
+}
+
+int Stream::wait(short interest, int timeout_ms, SignalWatch& signals, bool spin_first) {
+  if (spin_first && spin(interest)) return 0;
   pollfd fds[3];
   int n = wait_fds(interest, fds);
   uint64_t drain;
