@@ -72,7 +72,7 @@ void adopt_received_fds(const struct msghdr* m) {
       track_new(fd, domain, listening ? Role::kListener : Role::kAccepted, fl >= 0 && (fl & O_NONBLOCK));
       if (!listening)
         if (auto s = socket::lookup(fd)) {
-          s->open_stats(fd, stats::Direction::kServer, nullptr, true);
+          s->open_stats(fd, stats::Direction::kServer, nullptr, nullptr, true);
           socket::adopt_passed(s.get(), fd);  // its sender may have left it to upgrade here
         }
     }
@@ -90,16 +90,12 @@ static int accept_common(HookScope& h, int fd, int r, int flags) {
       // costs tens of microseconds in the TCG guests).
       sockaddr_storage local{}, peer{};
       socklen_t ll = sizeof local, pl = sizeof peer;
-      if (real().getsockname(r, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&
-          real().getpeername(r, reinterpret_cast<sockaddr*>(&peer), &pl) == 0) {
-        s->open_stats_established(r, stats::Direction::kServer,
-                                  reinterpret_cast<sockaddr*>(&local),
-                                  reinterpret_cast<sockaddr*>(&peer));
-        socket::start_server_upgrade(l.get(), s.get(), r, &local, &peer);
-      } else {
-        s->open_stats(r, stats::Direction::kServer, nullptr, true);
-        socket::start_server_upgrade(l.get(), s.get(), r);
-      }
+      const bool known = real().getsockname(r, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&
+                         real().getpeername(r, reinterpret_cast<sockaddr*>(&peer), &pl) == 0;
+      s->open_stats(r, stats::Direction::kServer, known ? reinterpret_cast<sockaddr*>(&local) : nullptr,
+                    known ? reinterpret_cast<sockaddr*>(&peer) : nullptr, true);
+      socket::start_server_upgrade(l.get(), s.get(), r, known ? &local : nullptr,
+                                   known ? &peer : nullptr);
       s->upgrade_decided.store(true, std::memory_order_release);
     }
   } else {
@@ -201,11 +197,8 @@ RSOCK_HOOK int connect(int fd, const struct sockaddr* addr, socklen_t len) noexc
     sockaddr_storage local{};
     socklen_t ll = sizeof local;
     bool have_local = real().getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) == 0;
-    if (r == 0 && have_local && (addr->sa_family == AF_INET || addr->sa_family == AF_INET6))
-      s->open_stats_established(fd, rsock::stats::Direction::kClient,
-                                reinterpret_cast<sockaddr*>(&local), addr);
-    else
-      s->open_stats(fd, rsock::stats::Direction::kClient, addr, r == 0);
+    s->open_stats(fd, rsock::stats::Direction::kClient,
+                  have_local ? reinterpret_cast<sockaddr*>(&local) : nullptr, addr, r == 0);
     if (rsock::socket::start_client_upgrade(s.get(), fd, addr, have_local ? &local : nullptr))
       rsock::socket::epoll_take_over(fd);  // registered before connect()
     s->upgrade_decided.store(true, std::memory_order_release);

@@ -1319,7 +1319,7 @@ void adopt_after_exec() {
       continue;
     }
     s->open_stats(first, client ? stats::Direction::kClient : stats::Direction::kServer, nullptr,
-                  true);
+                  nullptr, true);
     adopt_passed(s.get(), first);
     LOG_DEBUG("fd %d: a connection the previous image held; waiting to upgrade it again", first);
   }

@@ -94,27 +94,28 @@ class SocketPool {
 
 static constinit SocketPool g_pool;
 
-void Socket::open_stats(int fd, stats::Direction dir, const sockaddr* peer, bool established) {
+void Socket::open_stats(int fd, stats::Direction dir, const sockaddr* local, const sockaddr* peer,
+                        bool established) {
   fd_ = fd;
   if (slot_) return;  // connect() called again on the same socket
   // The kernel binds the local address at connect(), also one still in
   // progress: show it from the start, not 0.0.0.0:0 until established.
-  sockaddr_storage local{};
-  socklen_t llen = sizeof local;
-  bool have_local =
-      !established && sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0;
-  slot_ = stats::open_conn(fd, dir, have_local ? reinterpret_cast<sockaddr*>(&local) : nullptr, peer);
-  if (established) mark_established();
-  else stats::set_state(slot_, stats::ConnState::kConnecting);
-}
-
-void Socket::open_stats_established(int fd, stats::Direction dir, const sockaddr* local,
-                                    const sockaddr* peer) {
-  fd_ = fd;
-  if (slot_) return;
+  sockaddr_storage own{};
+  socklen_t llen = sizeof own;
+  if (!local && !established && sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&own), &llen) == 0)
+    local = reinterpret_cast<sockaddr*>(&own);
   slot_ = stats::open_conn(fd, dir, local, peer);
-  if (!established_.exchange(true, std::memory_order_relaxed) && slot_)
-    stats::set_state(slot_, stats::ConnState::kEstablished);
+  // Established with both addresses given (connect, accept read them once
+  // for the stats and the upgrade): nothing left to read.
+  const bool known = local && peer && (peer->sa_family == AF_INET || peer->sa_family == AF_INET6);
+  if (established && known) {
+    if (!established_.exchange(true, std::memory_order_relaxed) && slot_)
+      stats::set_state(slot_, stats::ConnState::kEstablished);
+  } else if (established) {
+    mark_established();
+  } else {
+    stats::set_state(slot_, stats::ConnState::kConnecting);
+  }
 }
 
 // Both addresses are known once the connection exists; until RDMA upgrades

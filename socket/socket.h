@@ -54,12 +54,10 @@ class Socket {
   }
 
   // rsock-stat bookkeeping (socket/socket.cc). open_stats: a connection
-  // exists at fd (accepted, or connect() issued); `peer` may be null.
-  void open_stats(int fd, stats::Direction dir, const sockaddr* peer, bool established);
-  // An established connection whose addresses the caller has read already
-  // (connect, accept: read once for the stats and the upgrade both).
-  void open_stats_established(int fd, stats::Direction dir, const sockaddr* local,
-                              const sockaddr* peer);
+  // exists at fd (accepted, or connect() issued); `local` and `peer` may be
+  // null (read from the socket then), and are what the caller already read.
+  void open_stats(int fd, stats::Direction dir, const sockaddr* local, const sockaddr* peer,
+                  bool established);
   void mark_established();
   stats::ConnSlot* slot() const { return slot_; }
   // Why the connection stayed on TCP before it had a stream (negative

@@ -115,8 +115,8 @@ class Stream {
   // Sleeps until poll_events(interest) may have changed, or timeout.
   // Returns 0, or EINTR / kRestarted when a signal handler ran since
   // `signals` was taken (signals.h).
-  // `spin`: busy-poll first (spin_us) on RDMA; false when the caller has
-  // just done so (spin()).
+  // `spin_first`: busy-poll first (spin_us) on RDMA; false when the caller
+  // has just done so (spin()).
   int wait(short interest, int timeout_ms, SignalWatch& signals, bool spin_first = true);
   // The busy-poll alone: true if the stream is ready for `interest` (or left
   // RDMA) within spin_us. What a blocking call does before it reads its
