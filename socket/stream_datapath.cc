@@ -547,8 +547,7 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals, bool spin
   // with a channel per connection: reading it here put a syscall between
   // the wakeup and the data (+20 us per round trip in the VM). The mark
   // tells progress() that there is one to read.
-  if (n > 1 && fds[n - 1].fd == transport::cq_hub::fd() && (fds[n - 1].revents & POLLIN))
-    transport::cq_hub::note_readable();
+  transport::cq_hub::note_if_woken(fds, n);
   return err;
 }
 

@@ -810,8 +810,7 @@ Status<void> Connection::wait(short events, int timeout_ms) {
     wait_fds(p, &np);
     int r = sys::libc.poll(p, static_cast<nfds_t>(np), ms);
     if (r < 0 && errno != EINTR) return Err(errno);
-    for (int i = 0; r > 0 && i < np; i++)
-      if (p[i].fd == fd() && (p[i].revents & POLLIN)) cq_hub::note_readable();  // progress() reads it
+    if (r > 0) cq_hub::note_if_woken(p, np);  // progress() reads it
     slept_ready = true;
   }
   return Ok();
@@ -859,9 +858,7 @@ Connection::~Connection() {
       pollfd p[2];
       int np;
       wait_fds(p, &np);
-      if (sys::libc.poll(p, static_cast<nfds_t>(np), 10) > 0 && np > 0 && p[0].fd == fd() &&
-          (p[0].revents & POLLIN))
-        cq_hub::note_readable();
+      if (sys::libc.poll(p, static_cast<nfds_t>(np), 10) > 0) cq_hub::note_if_woken(p, np);
       (void)progress();
     }
   }

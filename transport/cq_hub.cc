@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <sys/epoll.h>
 
 #include <atomic>
@@ -99,6 +100,12 @@ void note_readable() {
 }
 
 bool noted() { return g_noted.load(std::memory_order_acquire); }
+
+void note_if_woken(const pollfd* fds, int n) {
+  const int f = fd();
+  for (int i = 0; f >= 0 && i < n; i++)
+    if (fds[i].fd == f && (fds[i].revents & POLLIN)) return note_readable();
+}
 
 void poll() {
   if (g_nch.load(std::memory_order_acquire) == 0) return;

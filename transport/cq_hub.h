@@ -29,6 +29,7 @@
 struct ibv_context;
 struct ibv_comp_channel;
 struct ibv_cq;
+struct pollfd;
 
 namespace rsock::transport::cq_hub {
 
@@ -49,6 +50,8 @@ void poll();
 // wakes the next sleeper at once.
 void note_readable();
 bool noted();
+// note_readable() if fd() is among `fds` and the sleep on them found it readable.
+void note_if_woken(const ::pollfd* fds, int n);
 // Under mu(): events of `cq` are acknowledged and dropped from now on.
 void forget(ibv_cq* cq);
 // In a fork child: the channels are the parent's (their CQs are the
