@@ -1416,14 +1416,14 @@ void listener_in_use(int fd) {
   }
 }
 
-void fd_closing(int fd) {
+void fd_closing(int fd, bool not_vfork) {
   if (!streams_exist()) return;
   SocketRef s = lookup(fd);
   Stream* st = s ? s->stream() : nullptr;
   if (!st || !st->uses_app_fd(fd)) return;
   // A vfork child shares our memory but not our fd table: its dup2s (before
-  // an exec) are its own business.
-  if (in_vfork_child()) return;
+  // an exec) are its own business. (close() has asked already: a getpid.)
+  if (!not_vfork && in_vfork_child()) return;
   // The registry's lock first (the idle-TCP watch is the progress thread's,
   // keyed by the number), then the stream's (retire_fd).
   std::lock_guard lk(g_mu);

@@ -43,7 +43,9 @@ void socket_released(Socket* s);
 // it), which may be the number an upgrading or upgraded connection uses for
 // its kernel socket: the stream takes its own reference first
 // (Stream::retire_fd). One relaxed load when no stream exists.
-void fd_closing(int fd);
+// `not_vfork`: the caller has already made sure this is no vfork child
+// (in_vfork_child() is a getpid syscall).
+void fd_closing(int fd, bool not_vfork = false);
 // fd_closing() for every tracked fd in [lo, hi].
 void fds_closing(unsigned lo, unsigned hi);
 // fd is about to be used as a listener (accept, epoll_ctl ADD): if it is

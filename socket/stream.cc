@@ -322,9 +322,16 @@ bool Stream::retire_fd(int fd, bool last) {
   // A client whose rendezvous has not started (upgrade_delay_ms, a
   // connection of one request and one reply) has moved every byte on TCP
   // and never will move one elsewhere: as plain. (A dup kept its FIN back
-  // until the progress thread's next look, and cost a syscall or two.)
-  const bool unstarted =
-      last && p == Phase::kPending && client_ && !conn_ && !reup_ && !held_pending();
+  // until the progress thread's next look, and cost a syscall or two.) So
+  // has a server whose client's request has not come (conn_ is set when it
+  // is accepted): a request that comes after the close finds the stream
+  // closed, as it would with the dup (orphan() abandons a pending
+  // rendezvous). Not a server stream shared with another process (fork, fd
+  // passing): the slot's other holders go on with it. A dup cost the
+  // accepting side of a short connection 4 syscalls and held its FIN back.
+  const bool unstarted = last && p == Phase::kPending && !conn_ && !reup_ && !held_pending() &&
+                         (client_ || (!shared_.load(std::memory_order_relaxed) && !holders_ &&
+                                      !plain_when_drained_));
   if (unstarted) drop_start_request();
   if (((p == Phase::kPlain || unstarted) && !closed_second_) || p == Phase::kBroken) {
     // Nothing of ours is left to deliver: the kernel ends the connection
@@ -1817,7 +1824,8 @@ void Stream::orphan() {
   unwatch_tcp_locked();
   linger lg{};
   socklen_t len = sizeof lg;
-  if (phase() != Phase::kPlain && phase() != Phase::kRdma &&
+  // (tcp_fd_ -1: retire_fd left the close to the kernel, RST included.)
+  if (phase() != Phase::kPlain && phase() != Phase::kRdma && tcp_fd_ >= 0 &&
       sys::libc.getsockopt(tcp_fd_, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff &&
       lg.l_linger == 0) {
     // Abortive close before the switch finished: RST now, on both paths.
@@ -1832,12 +1840,14 @@ void Stream::orphan() {
     return;
   }
   if (phase() == Phase::kRdma && (!held_pending() || flush_held())) begin_close();
-  linger_deadline_ns_ = now_ns() + 10000ull * 1000000;  // like a kernel FIN_WAIT, bounded
+  // Like a kernel FIN_WAIT, bounded. (The coarse clock: never a syscall, and
+  // at most a tick early on a 10 s bound.)
+  linger_deadline_ns_ = coarse_now_ns() + 10000ull * 1000000;
   if (phase() == Phase::kPending && !(held_pending() && !flush_held())) {
     // Nothing moved yet: abandon the rendezvous, the kernel ends the stream.
     // (The connection is destroyed by the progress thread: never block close().)
     if (conn_) (void)conn_->close();
-    if (fin_deferred_) sys::libc.shutdown(tcp_fd_, SHUT_WR);
+    if (fin_deferred_ && tcp_fd_ >= 0) sys::libc.shutdown(tcp_fd_, SHUT_WR);
     set_phase(Phase::kPlain);
   }
   // A thread still blocked on the stream looks again (epoll registrations

@@ -897,6 +897,21 @@ TEST_CASE("g_deferred_start") {
   pollfd pf{small.s, POLLIN, 0};
   CHECK(poll(&pf, 1, 5000) == 1);
   CHECK(read(small.s, in, sizeof in) == 0);
+  // The accepting end alike: a server closed before its client's request
+  // came leaves no fd of ours behind (it took a dup, and its FIN waited for
+  // the progress thread), and the client sees the EOF.
+  Pair other;
+  REQUIRE(make_pair(&other));
+  REQUIRE(write(other.c, b, sizeof b) == ssize_t(sizeof b));
+  REQUIRE(recv_x(other.s, in, sizeof in, MSG_WAITALL) == ssize_t(sizeof in));
+  View vo = view_of(other.s);
+  CHECK_MESSAGE((vo.found && vo.transport == 0 && vo.fallback == 0), describe(vo));
+  fds = open_fds();
+  REQUIRE(close(std::exchange(other.s, -1)) == 0);
+  CHECK(open_fds() == fds - 1);
+  pollfd po{other.c, POLLIN, 0};
+  CHECK(poll(&po, 1, 5000) == 1);
+  CHECK(read(other.c, in, sizeof in) == 0);
 }
 
 TEST_CASE("e_forged_request_plain_client") { forged_plain_client(Forger::kHonest); }
