@@ -2,9 +2,12 @@
 // skips its look at the kernel instance while user-space events are ready
 // (readiness.cc, kernel_empty); a plain fd added to that instance, by this
 // process or by a fork child that shares it, must still be reported with
-// them, in the same epoll_wait. Run preloaded inside the RDMA VM (ctest sets
-// LD_PRELOAD); exit 77 "SKIP" without an RDMA device. The same program runs
-// without librsock (the conformance of the answers: 1, then 2 events).
+// them, in the same epoll_wait; and a set that holds a listening socket
+// reports it with the upgraded socket as soon as a connection waits. Run
+// preloaded inside the RDMA VM (ctest sets LD_PRELOAD); exit 77 "SKIP"
+// without an RDMA device. The same program runs without librsock (the
+// conformance of the answers).
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,6 +59,40 @@ int main(int argc, char** argv) {
   epoll_event out[8];
   int n = epoll_wait(ep, out, 8, 0);
   CHECK(n == 2, "epoll_wait: %d events, expected the socket and the pipe in one call", n);
+
+  // 3. A set that holds a kernel registration from the start (a server's
+  // listening socket) beside the upgraded socket, which stays due: the
+  // listener is reported with the socket once a connection waits on it, and
+  // never before; also once the set is polled (watched). A guard for any
+  // round that skips its look at the kernel instance.
+  int ep3 = epoll_create1(0);
+  ev.data.u64 = 5;
+  CHECK(epoll_ctl(ep3, EPOLL_CTL_ADD, s, &ev) == 0, "epoll_ctl s (3)");
+  ev.data.u64 = 6;
+  CHECK(epoll_ctl(ep3, EPOLL_CTL_ADD, pair.listener, &ev) == 0, "epoll_ctl listener (3)");
+  CHECK(wait_for(ep3, 1) == 1, "epoll_wait (3): s alone not reported once");
+  for (int i = 0; i < 20; i++) {
+    n = epoll_wait(ep3, out, 8, 0);
+    CHECK(n == 1 && out[0].data.u64 == 5, "epoll_wait (3): %d events before any connection", n);
+  }
+  int extra = socket(AF_INET, SOCK_STREAM, 0);
+  CHECK(extra >= 0 && connect(extra, reinterpret_cast<sockaddr*>(&pair.addr), sizeof pair.addr) == 0,
+        "connect (3)");
+  n = wait_for(ep3, 2);
+  CHECK(n == 2, "epoll_wait (3): %d events, expected the socket and the listener", n);
+  n = epoll_wait(ep3, out, 8, 0);
+  CHECK(n == 2, "epoll_wait (3): %d events, expected the socket and the listener again", n);
+  pollfd pf{ep3, POLLIN, 0};
+  CHECK(poll(&pf, 1, 0) == 1, "poll of the epoll fd (3)");
+  n = epoll_wait(ep3, out, 8, 0);
+  CHECK(n == 2, "epoll_wait (3), polled: %d events, expected the socket and the listener", n);
+  int acc = accept(pair.listener, nullptr, nullptr);
+  CHECK(acc >= 0, "accept (3)");
+  n = epoll_wait(ep3, out, 8, 0);
+  CHECK(n == 1 && out[0].data.u64 == 5, "epoll_wait (3): %d events after the accept", n);
+  close(acc);
+  close(extra);
+  close(ep3);
 
   // 2. A fork child adds a pipe to the kernel instance it shares with us.
   int ep2 = epoll_create1(0);
