@@ -65,11 +65,11 @@ RSOCK_HOOK int close(int fd) noexcept {
   HookScope h;
   // A vfork child closes its own copy of the fds; the table is its parent's.
   // (Asked only for fds we track: in_vfork_child is a syscall.)
-  bool tracked = false;
+  bool not_vfork = false;  // (asked once: fd_closing need not ask again)
   if (auto* t = rsock::socket::FdTable::get_if_exists();
       t && (t->lookup(fd) || rsock::socket::is_epoll_instance(fd))) {
     if (rsock::socket::in_vfork_child()) return h.pass(real().close(fd));
-    tracked = true;  // (asked once: fd_closing need not ask again)
+    not_vfork = true;
   }
   // A number the program never got from the kernel (librsock's own, at the
   // top of the fd space): a daemon closing "all other fds" must not take our
@@ -78,7 +78,7 @@ RSOCK_HOOK int close(int fd) noexcept {
   // Forget first: once the kernel frees the number, another thread's socket()
   // may reuse it and install its own entry, which we must not then erase.
   if (auto* t = rsock::socket::FdTable::get_if_exists()) {
-    rsock::socket::fd_closing(fd, tracked);  // a connection's stream keeps the socket open
+    rsock::socket::fd_closing(fd, not_vfork);  // a connection's stream keeps the socket open
     t->remove(fd);
     rsock::socket::epoll_fd_closed(fd);  // if it was an epoll instance
   }

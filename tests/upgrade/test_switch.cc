@@ -888,30 +888,26 @@ TEST_CASE("g_deferred_start") {
   // The small one: a few seconds on, still deciding (no fallback) on TCP.
   View vs = view_of(small.c);
   CHECK_MESSAGE((vs.found && vs.transport == 0 && vs.fallback == 0), describe(vs));
-  // Closed before its start, it ends as a plain socket: no fd of ours stays
-  // behind to carry it (a dup whose FIN waited for the progress thread),
-  // and the server sees the EOF.
-  int fds = open_fds();
-  REQUIRE(close(std::exchange(small.c, -1)) == 0);
-  CHECK(open_fds() == fds - 1);
-  pollfd pf{small.s, POLLIN, 0};
-  CHECK(poll(&pf, 1, 5000) == 1);
-  CHECK(read(small.s, in, sizeof in) == 0);
-  // The accepting end alike: a server closed before its client's request
-  // came leaves no fd of ours behind (it took a dup, and its FIN waited for
-  // the progress thread), and the client sees the EOF.
+  // Closed before its rendezvous, an end goes as a plain socket would: no
+  // fd of ours stays behind to carry it (a dup whose FIN waited for the
+  // progress thread), and the other end sees the EOF.
+  auto closes_plain = [&](int& mine, int other) {
+    int fds = open_fds();
+    REQUIRE(close(std::exchange(mine, -1)) == 0);
+    CHECK(open_fds() == fds - 1);
+    pollfd pf{other, POLLIN, 0};
+    CHECK(poll(&pf, 1, 5000) == 1);
+    CHECK(read(other, in, sizeof in) == 0);
+  };
+  closes_plain(small.c, small.s);  // a client before its start
+  // The accepting end alike: a server whose client's request has not come.
   Pair other;
   REQUIRE(make_pair(&other));
   REQUIRE(write(other.c, b, sizeof b) == ssize_t(sizeof b));
   REQUIRE(recv_x(other.s, in, sizeof in, MSG_WAITALL) == ssize_t(sizeof in));
   View vo = view_of(other.s);
   CHECK_MESSAGE((vo.found && vo.transport == 0 && vo.fallback == 0), describe(vo));
-  fds = open_fds();
-  REQUIRE(close(std::exchange(other.s, -1)) == 0);
-  CHECK(open_fds() == fds - 1);
-  pollfd po{other.c, POLLIN, 0};
-  CHECK(poll(&po, 1, 5000) == 1);
-  CHECK(read(other.c, in, sizeof in) == 0);
+  closes_plain(other.s, other.c);
 }
 
 TEST_CASE("e_forged_request_plain_client") { forged_plain_client(Forger::kHonest); }
