@@ -19,6 +19,7 @@ const KeySpec kKeys[] = {
     {"ring_idle_ms", KeyKind::kUint, &Tunables::ring_idle_ms, nullptr, 0, 3600000},
     {"inline_threshold", KeyKind::kSize, &Tunables::inline_threshold, nullptr, 0, 1024},
     {"spin_us", KeyKind::kUint, &Tunables::spin_us, nullptr, 0, 1000000},
+    {"spin_max_us", KeyKind::kUint, &Tunables::spin_max_us, nullptr, 0, 1000000},
     {"resolve_timeout_ms", KeyKind::kUint, &Tunables::resolve_timeout_ms, nullptr, 1, 600000},
     {"connect_timeout_ms", KeyKind::kUint, &Tunables::connect_timeout_ms, nullptr, 1, 600000},
     {"keepalive_ms", KeyKind::kUint, &Tunables::keepalive_ms, nullptr, 0, 3600000},

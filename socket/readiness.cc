@@ -24,6 +24,7 @@
 #include "socket/stream.h"
 #include "socket/tcp_hub.h"
 #include "transport/cq_hub.h"
+#include "util/adaptive_spin.h"
 #include "util/clock.h"
 #include "util/no_destroy.h"
 #include "util/owned_fds.h"
@@ -79,15 +80,20 @@ Stream* governing_stream(const SocketRef& s) {
   return st && st->governs() ? st : nullptr;
 }
 
-// Busy-poll the streams for spin_us before sleeping, when any is on RDMA:
-// an answer usually comes back sooner than a sleep/wakeup round trip.
+// Busy-poll the streams before sleeping, when any is on RDMA: an answer
+// usually comes back sooner than a sleep/wakeup round trip. How long is the
+// thread's to learn (spin_us to spin_max_us, util/adaptive_spin.h); `timer`
+// spans the call's whole wait, from its first spin to its return.
 // `resting_rdma`: the caller also waits for streams on RDMA not in `streams`.
 template <typename Check>
-bool spin(const std::vector<Stream*>& streams, Check&& ready, bool resting_rdma = false) {
-  uint32_t us = process_config().tunables.spin_us;
-  if (!us || (!resting_rdma && std::none_of(streams.begin(), streams.end(),
-                                            [](Stream* s) { return s->on_rdma(); })))
+bool spin(const std::vector<Stream*>& streams, WaitTimer& timer, Check&& ready,
+          bool resting_rdma = false) {
+  if (!resting_rdma &&
+      std::none_of(streams.begin(), streams.end(), [](Stream* s) { return s->on_rdma(); }))
     return false;
+  const config::Tunables& t = process_config().tunables;
+  uint32_t us = timer.start(t.spin_us, t.spin_max_us);
+  if (!us) return false;
   SpinDeadline end(us);
   do {
     if (ready()) return true;
@@ -159,6 +165,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
 
   Deadline dl(timeout);
   SignalWatch signals;
+  WaitTimer timer;  // started by the first spin
   auto& kfds = ws.kfds;
   auto& kidx = ws.kidx;
   auto& seen = ws.seen;  // generation each stream's last look was based on
@@ -194,7 +201,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
   for (;;) {
     int ready = scan(true);
     if (ready || dl.expired()) return ready;
-    if (spin(active, [&] { return (ready = scan(false)) > 0; })) return ready;
+    if (spin(active, timer, [&] { return (ready = scan(false)) > 0; })) return ready;
     // Sleep on the kernel fds plus each stream's own fds, and this thread's
     // wake fd (once), entered in every stream's sleepers.
     bool any_st = false;
@@ -1030,6 +1037,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
   }
   Deadline dl(timeout);
   SignalWatch signals;
+  WaitTimer timer;  // started by the first spin
   auto& streams = t_scratch.epoll_streams;
   auto& seen = t_scratch.epoll_seen;
   for (;;) {
@@ -1083,7 +1091,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       }
       return poked;
     };
-    if (spin(streams, ready_now, resting > 0)) {
+    if (spin(streams, timer, ready_now, resting > 0)) {
       if (poked) continue;  // collect it fully
       return n;
     }

@@ -115,13 +115,13 @@ class Stream {
   // Sleeps until poll_events(interest) may have changed, or timeout.
   // Returns 0, or EINTR / kRestarted when a signal handler ran since
   // `signals` was taken (signals.h).
-  // `spin_first`: busy-poll first (spin_us) on RDMA; false when the caller
-  // has just done so (spin()).
-  int wait(short interest, int timeout_ms, SignalWatch& signals, bool spin_first = true);
+  // `spin_us`: busy-poll this long first on RDMA; 0 when the caller has
+  // just done so (spin()).
+  int wait(short interest, int timeout_ms, SignalWatch& signals, uint32_t spin_us);
   // The busy-poll alone: true if the stream is ready for `interest` (or left
-  // RDMA) within spin_us. What a blocking call does before it reads its
+  // RDMA) within `spin_us`. What a blocking call does before it reads its
   // socket's SO_RCVTIMEO/SO_SNDTIMEO (a syscall), which only a sleep needs.
-  bool spin(short interest);
+  bool spin(short interest, uint32_t spin_us);
 
   // A buffer for calls that must copy through the stream (sendfile, splice):
   // hooks keep their stack frames small and do not call malloc, so it is

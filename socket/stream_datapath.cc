@@ -20,6 +20,7 @@
 #include "socket/stream.h"
 #include "transport/cq_hub.h"
 #include "util/stats.h"
+#include "util/adaptive_spin.h"
 #include "util/clock.h"
 #include "util/sys.h"
 
@@ -40,6 +41,13 @@ int socket_timeout_ms(int fd, int opt) {
   if (sys::libc.getsockopt(fd, SOL_SOCKET, opt, &tv, &len) != 0) return -1;
   if (tv.tv_sec == 0 && tv.tv_usec == 0) return -1;
   return static_cast<int>(tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000);
+}
+
+// The spin of a blocking call's wait, learnt by the thread (spin_us to
+// spin_max_us, util/adaptive_spin.h); `timer` spans the call's whole wait.
+uint32_t wait_spin_us(WaitTimer& timer) {
+  const config::Tunables& t = process_config().tunables;
+  return timer.start(t.spin_us, t.spin_max_us);
 }
 
 size_t iov_total(std::span<const iovec> iov) {
@@ -274,6 +282,7 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
   if (want == 0) return size_t{0};
   const bool waitall = (flags & MSG_WAITALL) && !(flags & MSG_PEEK) && !nonblock;
   SignalWatch signals;  // a handler from now on interrupts or restarts the call
+  WaitTimer timer;      // from the first attempt that would block
   int timeout = -2;  // read lazily: only a call that has to sleep needs it
   uint64_t deadline = 0;
   size_t got = 0;
@@ -293,10 +302,11 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
     }
     if (r.error() != EAGAIN) return got ? Status<size_t>(got) : r;
     if (nonblock) return got ? Status<size_t>(got) : Err(EAGAIN);
+    const uint32_t spin_us = wait_spin_us(timer);
     bool spun = false;
     if (timeout == -2) {
       // (The timeout is read only once the spin did not do: a syscall.)
-      if (spin(POLLIN)) continue;
+      if (spin(POLLIN, spin_us)) continue;
       spun = true;
       timeout = socket_timeout_ms(tcp_fd(), SO_RCVTIMEO);
       deadline = timeout < 0 ? 0 : now_ms() + uint64_t(timeout);
@@ -308,7 +318,7 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
       left = int(deadline - now);
     }
     // A socket with a timeout is never restarted (signal(7)).
-    if (int w = wait(POLLIN, left, signals, !spun); w == EINTR || (w == kRestarted && timeout >= 0))
+    if (int w = wait(POLLIN, left, signals, spun ? 0 : spin_us); w == EINTR || (w == kRestarted && timeout >= 0))
       return got ? Status<size_t>(got) : Err(EINTR);
   }
 }
@@ -316,6 +326,7 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
 Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock) {
   const size_t want = iov_total(iov);
   SignalWatch signals;
+  WaitTimer timer;  // from the first attempt that would block
   int timeout = -2;
   uint64_t deadline = 0;
   size_t sent = 0;
@@ -337,10 +348,11 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
     }
     if (r.error() != EAGAIN) return sent ? Status<size_t>(sent) : r;
     if (nonblock) return sent ? Status<size_t>(sent) : Err(EAGAIN);
+    const uint32_t spin_us = wait_spin_us(timer);
     bool spun = false;
     if (timeout == -2) {
       // (The timeout is read only once the spin did not do: a syscall.)
-      if (spin(POLLOUT)) continue;
+      if (spin(POLLOUT, spin_us)) continue;
       spun = true;
       timeout = socket_timeout_ms(tcp_fd(), SO_SNDTIMEO);
       deadline = timeout < 0 ? 0 : now_ms() + uint64_t(timeout);
@@ -351,7 +363,7 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
       if (now >= deadline) return sent ? Status<size_t>(sent) : Err(EAGAIN);
       left = int(deadline - now);
     }
-    if (int w = wait(POLLOUT, left, signals, !spun); w == EINTR || (w == kRestarted && timeout >= 0))
+    if (int w = wait(POLLOUT, left, signals, spun ? 0 : spin_us); w == EINTR || (w == kRestarted && timeout >= 0))
       return sent ? Status<size_t>(sent) : Err(EINTR);
   }
 }
@@ -504,10 +516,9 @@ int Stream::wait_fds(short interest, pollfd* out) {
   return n;
 }
 
-bool Stream::spin(short interest) {
+bool Stream::spin(short interest, uint32_t spin_us) {
   // Busy-poll on RDMA: a reply usually arrives within microseconds, sooner
   // than a sleep and wakeup would take.
-  uint32_t spin_us = process_config().tunables.spin_us;
   if (phase() != Phase::kRdma || !spin_us) return false;
   SpinDeadline end(spin_us);
   do {
@@ -521,8 +532,8 @@ bool Stream::spin(short interest) {
   return false;
 }
 
-int Stream::wait(short interest, int timeout_ms, SignalWatch& signals, bool spin_first) {
-  if (spin_first && spin(interest)) return 0;
+int Stream::wait(short interest, int timeout_ms, SignalWatch& signals, uint32_t spin_us) {
+  if (spin(interest, spin_us)) return 0;
   pollfd fds[3];
   int n = wait_fds(interest, fds);
   uint64_t drain;

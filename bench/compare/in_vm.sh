@@ -206,6 +206,7 @@ run_raw_lat() {  # ROUND
         rec na "$w" raw "$rnd" "ib_send_lat -s $s failed: $(tail -1 "$OUT/logs/$tag.out" | cut -c1-160)"
       fi
     done
+    rec na "bpp${s}_cpu" raw "$rnd" "perftest busy-polls: each side uses a whole CPU for the whole round trip"
   done
 }
 run_raw_bw() {  # ROUND
@@ -287,22 +288,40 @@ run_cb() {  # TRANSPORT ROUND
   local tr=$1 rnd=$2 port tag s o line why rc
   port=$(free_port)
   if ! start_srv "$tr" "cb-srv-$tr-r$rnd" "$port" "$CB" server "$HOST" "$port"; then
-    for s in $SIZES; do rec na "bpp$s" "$tr" "$rnd" "rsock_connect_bench server: $SRV_WHY"; done
+    for s in $SIZES; do
+      rec na "bpp$s" "$tr" "$rnd" "rsock_connect_bench server: $SRV_WHY"
+      rec na "bpp${s}_cpu" "$tr" "$rnd" "rsock_connect_bench server: $SRV_WHY"
+    done
     rec na bstream "$tr" "$rnd" "rsock_connect_bench server: $SRV_WHY"
     rec na connect "$tr" "$rnd" "rsock_connect_bench server: $SRV_WHY"
     return
   fi
+  local s0 s1 cpu
   for s in $SIZES; do
     tag=cb-pp$s-$tr-r$rnd
+    # CPU per round trip (issue 14: a spin is paid in CPU): the client's own
+    # over the measured part, the server's from /proc over the whole run
+    # (warm-up included, so divided by every round trip).
+    s0=$(proc_cpu "$SRV")
     client "$tr" "$tag" "$TO" "$CB" pingpong "$HOST" "$port" "$s" "$T" "$WARM"
     rc=$?
+    s1=$(proc_cpu "$SRV")
     o=$OUT/logs/$tag.out
     line=$(sed -n 's/^pingpong_us size=[0-9]* n=[0-9]* median=\([0-9.]*\) p99=\([0-9.]*\) avg=\([0-9.]*\).*/\1 \2 \3/p' "$o")
+    cpu=$(sed -n 's/^pingpong_cpu size=[0-9]* cli_us_rt=\([0-9.]*\) n_all=\([0-9]*\).*/\1 \2/p' "$o")
     if [ -n "$line" ]; then
       set -- $line
       rec res "bpp$s" "$tr" "$rnd" median_us "$1"; rec res "bpp$s" "$tr" "$rnd" p99_us "$2"
       rec res "bpp$s" "$tr" "$rnd" avg_us "$3"
+      if [ -n "$cpu" ] && [ -n "$s0" ] && [ -n "$s1" ]; then
+        set -- $cpu
+        rec res "bpp${s}_cpu" "$tr" "$rnd" srv_us "$(awk -v a="$s0" -v b="$s1" -v n="$2" 'BEGIN { printf "%.1f", (b - a) * 1e6 / n }')"
+        rec res "bpp${s}_cpu" "$tr" "$rnd" cli_us "$1"
+      else
+        rec na "bpp${s}_cpu" "$tr" "$rnd" "no CPU figure (the client's pingpong_cpu line or the server's /proc/PID/stat)"
+      fi
     else
+      rec na "bpp${s}_cpu" "$tr" "$rnd" "ping-pong failed (exit status $rc)"
       rec na "bpp$s" "$tr" "$rnd" "ping-pong failed (exit status $rc): $(tail -1 "$o" | cut -c1-160)"
     fi
     [ -n "$QPS" ] && rec qp "bpp$s" "$tr" "$rnd" "$QPS"

@@ -38,6 +38,10 @@ def size_name(s):
 WORKLOADS = (
     [(f"pp{s}", f"sockperf ping-pong {size_name(s)}", "lat", "sockperf") for s in SIZES]
     + [(f"bpp{s}", f"blocking ping-pong {size_name(s)}", "lat", "cb") for s in SIZES]
+    # What each round trip of those costs in CPU, server and client (a spin
+    # before sleeping buys latency with CPU).
+    + [(f"bpp{s}_cpu", f"blocking ping-pong {size_name(s)}: CPU per round trip (server / client)", "cpu", "cb")
+       for s in SIZES]
     + [("sp_tp", "sockperf throughput 65000 B msgs", "bw", "sockperf"),
        ("iperf3", "iperf3 single stream", "bw", "iperf3"),
        ("bstream", "blocking stream 64 KiB writes", "bw", "cb"),
@@ -57,6 +61,7 @@ WORKLOADS = (
        ("connect_call_noup", "diagnostic: connect() call alone, librsock default = tcp", "diag", "cb")])
 UNIT = {"lat": "us", "bw": "MiB/s", "rps": "req/s", "conn": "us", "diag": "us median",
         "cpu": "CPU us / request, server / client"}
+# (The ping-pong rows' request is a round trip.)
 # Which raw-verbs figure each workload is compared with.
 RAW_FROM = {"pp64": "ib_send_lat -s 64", "pp1024": "ib_send_lat -s 1024", "pp16384": "ib_send_lat -s 16384",
             "bpp64": "ib_send_lat -s 64", "bpp1024": "ib_send_lat -s 1024",
@@ -104,8 +109,8 @@ def rdma_ok(s):
 
 def validity(w, group, kind, rnd, sums):
     """Is the librsock figure of workload w in round rnd proven to be RDMA?"""
-    cli = sums.get((w if w not in ("redis_get", "redis_cpu") else "redis_set", "rsock", rnd, "client"),
-                   "missing")
+    cw = "redis_set" if w in ("redis_get", "redis_cpu") else w.removesuffix("_cpu")
+    cli = sums.get((cw, "rsock", rnd, "client"), "missing")
     srv = sums.get((group, "rsock", rnd, "server"), "missing")
     if kind == "conn":  # 1-byte connections close before the background upgrade: by design
         txt = rdma_ok(cli)[1].split(" (")[0] if cli not in ("missing", None) else "no summary"
@@ -148,7 +153,8 @@ def main():
     rounds = int(meta.get("rounds", "1"))
     sizes = meta.get("sizes", " ".join(map(str, SIZES))).split()
     workloads = [wl for wl in WORKLOADS
-                 if not wl[0].lstrip("b").startswith("pp") or wl[0].lstrip("b")[2:] in sizes]
+                 if not wl[0].lstrip("b").startswith("pp")
+                 or wl[0].lstrip("b").removesuffix("_cpu")[2:] in sizes]
 
     med = {}            # (w, t, metric) -> median of valid runs
     runs_of = {}        # (w, t, metric) -> the valid runs' values (the spread)
@@ -410,6 +416,10 @@ Workloads (server on 10.77.0.1 in the guest):
   warm-up. Stream: 64 KiB writes for 1 + S s, the last S s counted up to the
   server's byte-count reply. Connect: N sequential connections, time from
   `connect()` to the first echoed byte (1 byte each way), then `close()`.
+  Each ping-pong's CPU row: CPU microseconds per round trip, the server's
+  (`/proc/PID/stat` over the client's run, divided by every round trip,
+  warm-up included) and the client's (`getrusage` over the measured part,
+  every thread).
 - **sockperf throughput** `sockperf tp -m 65000`: messages sent / time.
 - **iperf3** `iperf3 -c -t S -O 1` (first second omitted): receiver bytes/s.
 - **redis-benchmark** `-t set,get -c 10 -n N` against `redis-server --save ''

@@ -18,7 +18,9 @@
 //   rsock_connect_bench pingpong ADDR PORT SIZE SECS [WARMUP_SECS]
 //       one connection, SIZE-byte messages echoed back, SECS seconds measured
 //       after WARMUP_SECS (default 1: librsock upgrades in the background).
-//       Prints "pingpong_us size=.. n=.. median=.. p99=.. avg=.." (round trip / 2).
+//       Prints "pingpong_us size=.. n=.. median=.. p99=.. avg=.." (round trip / 2),
+//       then "pingpong_cpu size=.. cli_us_rt=.. n_all=..": this process's CPU
+//       microseconds per measured round trip, and round trips warm-up included.
 //   rsock_connect_bench stream ADDR PORT SIZE SECS [WARMUP_SECS]
 //       one connection, SIZE-byte writes for WARMUP_SECS + SECS, then EOF;
 //       throughput of the measured part up to the server's byte-count reply.
@@ -26,6 +28,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -197,26 +200,43 @@ int open_measured(const char* addr, int port, size_t size, double secs) {
   return c < 0 ? -1 : c;
 }
 
+// CPU seconds (user + system, every thread: librsock's progress thread too)
+// this process has used so far.
+double cpu_secs() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 int pingpong(const char* addr, int port, size_t size, double secs, double warmup) {
   int c = open_measured(addr, port, size, secs);
   if (c < 0) return c == -2 ? 2 : 1;
   std::vector<char> out(size, 'p'), in(size);
   std::vector<double> us;
   auto start = Clock::now();
+  uint64_t all = 0;      // round trips, warm-up included
+  double cpu0 = -1;      // at the end of the warm-up
   for (;;) {
     double now = secs_since(start);
     if (now >= warmup + secs) break;
+    if (now >= warmup && cpu0 < 0) cpu0 = cpu_secs();
     auto t0 = Clock::now();
     if (!write_full(c, out.data(), size) || !read_full(c, in.data(), size)) {
       fprintf(stderr, "rsock_connect_bench: ping-pong failed\n");
       return 1;
     }
+    ++all;
     if (now >= warmup) us.push_back(secs_since(t0) * 1e6 / 2);
   }
+  double cpu1 = cpu_secs();
   close(c);
   if (us.empty()) return 1;
   printf("pingpong_us size=%zu ", size);
   print_stats(us);
+  // What the latency costs in CPU (issue 14: spinning is paid in CPU).
+  printf("pingpong_cpu size=%zu cli_us_rt=%.1f n_all=%llu\n", size,
+         (cpu1 - cpu0) * 1e6 / double(us.size()), static_cast<unsigned long long>(all));
   return 0;
 }
 

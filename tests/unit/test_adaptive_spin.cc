@@ -1,0 +1,74 @@
+// The spin budget a thread learns from its waits (util/adaptive_spin.h):
+// long only while most recent waits ended within spin_max_us, never above
+// it, back to spin_us soon after the peer goes quiet.
+#include <doctest/doctest.h>
+
+#include "util/adaptive_spin.h"
+
+using rsock::SpinPolicy;
+
+namespace {
+constexpr uint32_t kBase = 20, kMax = 200;
+constexpr uint64_t kUs = 1000;
+}  // namespace
+
+TEST_CASE("adaptive spin: no history, spin_us") {
+  SpinPolicy p;
+  CHECK(p.budget_us(kBase, kMax) == kBase);
+  CHECK(p.budget_us(0, kMax) == 0);
+}
+
+TEST_CASE("adaptive spin: waits shorter than spin_max_us buy a spin of twice their length") {
+  SpinPolicy p;
+  int rounds = 0;
+  while (p.budget_us(kBase, kMax) == kBase) {
+    p.record(60 * kUs, kMax);
+    REQUIRE(++rounds <= 6);  // 6 short waits lift the hit rate past one half
+  }
+  CHECK(rounds == 6);
+  CHECK(p.budget_us(kBase, kMax) == 121);  // 2 x 60 us (+1 for the rounding)
+  // Longer short waits: the spin follows, capped at spin_max_us.
+  for (int i = 0; i < 50; i++) p.record(150 * kUs, kMax);
+  CHECK(p.budget_us(kBase, kMax) == kMax);
+  // Very short waits: never below spin_us.
+  for (int i = 0; i < 50; i++) p.record(2 * kUs, kMax);
+  CHECK(p.budget_us(kBase, kMax) == kBase);
+}
+
+TEST_CASE("adaptive spin: a peer that goes quiet is back to spin_us after a few long waits") {
+  SpinPolicy p;
+  for (int i = 0; i < 100; i++) p.record(100 * kUs, kMax);
+  REQUIRE(p.budget_us(kBase, kMax) == kMax);  // 2 x 100 us, capped
+  int misses = 0;
+  while (p.budget_us(kBase, kMax) != kBase) {
+    p.record(5000 * kUs, kMax);  // idle: the spin would only have burnt CPU
+    REQUIRE(++misses <= 6);
+  }
+  CHECK(misses == 6);
+  // Half short, half long: the hit rate hovers around one half.
+  SpinPolicy q;
+  for (int i = 0; i < 100; i++) q.record((i % 2 ? 80 : 3000) * kUs, kMax);
+  CHECK(q.hit_rate() >= SpinPolicy::kOne / 2 - 20);
+  CHECK(q.hit_rate() <= SpinPolicy::kOne / 2 + 20);
+  // Mostly long: spin_us.
+  SpinPolicy r;
+  for (int i = 0; i < 100; i++) r.record((i % 4 ? 3000 : 80) * kUs, kMax);
+  CHECK(r.budget_us(kBase, kMax) == kBase);
+}
+
+TEST_CASE("adaptive spin: spin_max_us at or below spin_us fixes the spin (the old behaviour)") {
+  SpinPolicy p;
+  for (int i = 0; i < 100; i++) p.record(10 * kUs, kMax);
+  CHECK(p.budget_us(kBase, kBase) == kBase);
+  CHECK(p.budget_us(kBase, 0) == kBase);
+  CHECK(p.budget_us(50, 40) == 50);
+}
+
+TEST_CASE("adaptive spin: a wait exactly at spin_max_us counts as short, one above as long") {
+  SpinPolicy p;
+  for (int i = 0; i < 20; i++) p.record(kMax * kUs, kMax);
+  CHECK(p.budget_us(kBase, kMax) == kMax);
+  SpinPolicy q;
+  for (int i = 0; i < 20; i++) q.record(kMax * kUs + 1, kMax);
+  CHECK(q.budget_us(kBase, kMax) == kBase);
+}

@@ -1,0 +1,108 @@
+// How long a thread busy-polls before it sleeps, learnt from its own waits.
+//
+// A fixed spin (spin_us) is either too short or wasteful: in the TCG guest a
+// sleep and its wakeup cost 100-200 us, so a 4 KiB ping-pong whose answer
+// comes after ~200 us paid that on every round trip with a 20 us spin (188
+// us one way against 99 us with a 300 us spin), while a connection whose
+// peer answers after milliseconds would burn every microsecond of a long
+// spin for nothing. So each thread remembers how its recent waits ended:
+//   - hit rate: the share of waits that ended within spin_max_us (an EWMA
+//     with weight 1/8, in 1/256ths);
+//   - the typical short wait: an EWMA of those waits' lengths.
+// While at least half of the recent waits were short, the next spin lasts
+// twice the typical short wait (at least spin_us, at most spin_max_us);
+// otherwise only spin_us. The spin therefore costs CPU only where it
+// replaces a sleep/wakeup round trip that would have come sooner than
+// spin_max_us, and a thread whose peer goes quiet is back to spin_us after
+// a few long waits (from a 100 % hit rate: 6). spin_max_us is the CPU
+// budget per wait; at or below spin_us the spin is fixed, as before.
+//
+// The policy is pure arithmetic (unit-tested); WaitTimer gives it lengths
+// read from the TSC, so a wait costs no clock syscall (the guest's clock
+// source is not readable from the vDSO). Before the TSC's rate is known, and
+// off x86-64, nothing is learnt and the spin is spin_us.
+#pragma once
+
+#include <cstdint>
+
+#include "util/clock.h"
+
+namespace rsock {
+
+class SpinPolicy {
+ public:
+  static constexpr uint32_t kOne = 256;  // hit rate 1.0 in fixed point
+
+  // The spin before the next sleep, in microseconds.
+  uint32_t budget_us(uint32_t base_us, uint32_t max_us) const {
+    if (max_us <= base_us || hits_ < kOne / 2) return base_us;
+    uint64_t want = short_ns_ * 2 / 1000 + 1;
+    return want <= base_us ? base_us : want >= max_us ? max_us : static_cast<uint32_t>(want);
+  }
+
+  // A wait ended after `waited_ns` (ready, timed out or interrupted alike).
+  void record(uint64_t waited_ns, uint32_t max_us) {
+    const bool hit = waited_ns <= uint64_t{max_us} * 1000;
+    hits_ = hits_ - hits_ / 8 + (hit ? kOne / 8 : 0);
+    if (hit) short_ns_ = seen_short_ ? short_ns_ - short_ns_ / 8 + waited_ns / 8 : waited_ns;
+    seen_short_ |= hit;
+  }
+
+  uint32_t hit_rate() const { return hits_; }  // in 1/256ths
+  uint64_t short_ns() const { return short_ns_; }
+
+ private:
+  uint32_t hits_ = 0;
+  uint64_t short_ns_ = 0;
+  bool seen_short_ = false;
+};
+
+// The calling thread's policy: one sequence of waits per thread.
+inline SpinPolicy& thread_spin_policy() {
+  static thread_local SpinPolicy policy;
+  return policy;
+}
+
+// Times one wait (spin plus sleep) and tells the thread's policy how long it
+// took: start() at the first attempt that would block, the destructor when
+// the call returns. Two TSC reads; nothing when the TSC's rate is not known.
+class WaitTimer {
+ public:
+  WaitTimer() = default;
+  ~WaitTimer() {
+#if defined(__x86_64__)
+    if (rate_ == 0) return;
+    uint64_t t = __rdtsc();
+    if (t < start_) return;  // another CPU's TSC: no length to learn from
+    // (Capped at a second, far above any spin budget, so that the product
+    // cannot overflow.)
+    uint64_t ticks = t - start_ < rate_ * 1000 ? t - start_ : rate_ * 1000;
+    thread_spin_policy().record(ticks * 1000000 / rate_, max_us_);
+#endif
+  }
+  WaitTimer(const WaitTimer&) = delete;
+  WaitTimer& operator=(const WaitTimer&) = delete;
+
+  // Once per wait (later calls keep the first start); returns the spin.
+  uint32_t start(uint32_t base_us, uint32_t max_us) {
+    if (started_) return budget_us_;
+    started_ = true;
+    max_us_ = max_us;
+    budget_us_ = base_us;
+#if defined(__x86_64__)
+    if (max_us > base_us && (rate_ = spin_detail::tsc_per_ms()) != 0) {
+      start_ = __rdtsc();
+      budget_us_ = thread_spin_policy().budget_us(base_us, max_us);
+    }
+#endif
+    return budget_us_;
+  }
+  uint32_t spin_us() const { return budget_us_; }
+
+ private:
+  bool started_ = false;
+  uint32_t max_us_ = 0, budget_us_ = 0;
+  uint64_t rate_ = 0, start_ = 0;
+};
+
+}  // namespace rsock
