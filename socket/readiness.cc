@@ -92,9 +92,9 @@ bool spin(const std::vector<Stream*>& streams, WaitTimer& timer, Check&& ready,
       std::none_of(streams.begin(), streams.end(), [](Stream* s) { return s->on_rdma(); }))
     return false;
   const config::Tunables& t = process_config().tunables;
-  uint32_t us = timer.start(t.spin_us, t.spin_max_us);
-  if (!us) return false;
-  SpinDeadline end(us);
+  ExtendedSpin slot(timer.start(t.spin_us, t.spin_max_us), t.spin_us);
+  if (!slot.us()) return false;
+  SpinDeadline end(slot.us());
   do {
     if (ready()) return true;
   } while (!end.passed());

@@ -520,7 +520,8 @@ bool Stream::spin(short interest, uint32_t spin_us) {
   // Busy-poll on RDMA: a reply usually arrives within microseconds, sooner
   // than a sleep and wakeup would take.
   if (phase() != Phase::kRdma || !spin_us) return false;
-  SpinDeadline end(spin_us);
+  ExtendedSpin slot(spin_us, process_config().tunables.spin_us);
+  SpinDeadline end(slot.us());
   do {
     {
       std::lock_guard lk(mu_);

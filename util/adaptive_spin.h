@@ -15,7 +15,8 @@
 // replaces a sleep/wakeup round trip that would have come sooner than
 // spin_max_us, and a thread whose peer goes quiet is back to spin_us after
 // a few long waits (from a 100 % hit rate: 6). spin_max_us is the CPU
-// budget per wait; at or below spin_us the spin is fixed, as before.
+// budget per wait; at or below spin_us the spin is fixed, as before. At
+// most one thread per CPU spins longer than spin_us at a time (ExtendedSpin).
 //
 // The policy is pure arithmetic (unit-tested); WaitTimer gives it lengths
 // read from the TSC, so a wait costs no clock syscall (the guest's clock
@@ -23,6 +24,9 @@
 // off x86-64, nothing is learnt and the spin is spin_us.
 #pragma once
 
+#include <sched.h>
+
+#include <atomic>
 #include <cstdint>
 
 #include "util/clock.h"
@@ -55,6 +59,51 @@ class SpinPolicy {
   uint32_t hits_ = 0;
   uint64_t short_ns_ = 0;
   bool seen_short_ = false;
+};
+
+// Spins longer than spin_us, process-wide, are limited to one per CPU the
+// process may run on: more threads spinning than CPUs (ten threads of a
+// thread-per-connection server, each with a quick peer) would only take
+// the CPU from the threads whose answers they wait for. A spin that finds
+// every such place taken lasts spin_us. Held for the spin only, not the
+// sleep after it.
+class ExtendedSpin {
+ public:
+  ExtendedSpin(uint32_t us, uint32_t base_us) : us_(us) {
+    if (us <= base_us) return;
+    if (count().fetch_add(1, std::memory_order_acq_rel) < cpus()) {
+      held_ = true;
+    } else {
+      count().fetch_sub(1, std::memory_order_acq_rel);
+      us_ = base_us;
+    }
+  }
+  ~ExtendedSpin() {
+    if (held_) count().fetch_sub(1, std::memory_order_acq_rel);
+  }
+  ExtendedSpin(const ExtendedSpin&) = delete;
+  ExtendedSpin& operator=(const ExtendedSpin&) = delete;
+  uint32_t us() const { return us_; }
+
+  // The CPUs this process may run on (its affinity at first use; 1 when
+  // unknown).
+  static int cpus() {
+    static const int n = [] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      int c = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+      return c > 0 ? c : 1;
+    }();
+    return n;
+  }
+
+ private:
+  static std::atomic<int>& count() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  uint32_t us_;
+  bool held_ = false;
 };
 
 // The calling thread's policy: one sequence of waits per thread.

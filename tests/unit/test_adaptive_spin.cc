@@ -3,6 +3,9 @@
 // it, back to spin_us soon after the peer goes quiet.
 #include <doctest/doctest.h>
 
+#include <memory>
+#include <vector>
+
 #include "util/adaptive_spin.h"
 
 using rsock::SpinPolicy;
@@ -71,4 +74,27 @@ TEST_CASE("adaptive spin: a wait exactly at spin_max_us counts as short, one abo
   SpinPolicy q;
   for (int i = 0; i < 20; i++) q.record(kMax * kUs + 1, kMax);
   CHECK(q.budget_us(kBase, kMax) == kBase);
+}
+
+TEST_CASE("adaptive spin: at most one longer spin per CPU at a time") {
+  using rsock::ExtendedSpin;
+  const int cpus = ExtendedSpin::cpus();
+  REQUIRE(cpus >= 1);
+  {
+    // Spins of spin_us take no place.
+    ExtendedSpin base(kBase, kBase);
+    CHECK(base.us() == kBase);
+  }
+  std::vector<std::unique_ptr<ExtendedSpin>> held;
+  for (int i = 0; i < cpus; i++) {
+    held.push_back(std::make_unique<ExtendedSpin>(kMax, kBase));
+    CHECK(held.back()->us() == kMax);
+  }
+  {
+    ExtendedSpin one_too_many(kMax, kBase);
+    CHECK(one_too_many.us() == kBase);
+  }
+  held.pop_back();  // a place comes free
+  ExtendedSpin again(kMax, kBase);
+  CHECK(again.us() == kMax);
 }
