@@ -239,8 +239,14 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     timespec buf, zero{};
     const timespec* left = still ? dl.left(&buf) : &zero;
     if (no_wake) left = at_most_slice(left);
+    // One sleeping thread of the process watches the completion hub
+    // (transport/cq_hub.h); if another does, ours poke `wake` through the
+    // streams' sleepers (so only when every stream has it in a slot).
+    const bool hub_token = hub_at != SIZE_MAX && wake >= 0 && !no_wake;
+    if (hub_token && !transport::cq_hub::begin_sleep(wake)) wait[hub_at].fd = -1;  // (ppoll skips it)
     int r = sys::libc.ppoll(wait.data(), wait.size(), left, sleep.mask());
     int err = errno;
+    if (hub_token) transport::cq_hub::end_sleep();
     for (nfds_t i = 0; i < n; i++) {
       if (!streams[i]) continue;
       streams[i]->sleep_end();

@@ -551,7 +551,17 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals, uint32_t 
   // sleep in slices and look again.
   const bool slotted = add_sleeper(fds[0].fd);
   if (!slotted && (timeout_ms < 0 || timeout_ms > kNoWakeSliceMs)) timeout_ms = kNoWakeSliceMs;
-  if (sleep_begin(seen)) err = restartable_poll(fds, nfds_t(n), timeout_ms, signals);
+  if (sleep_begin(seen)) {
+    // One sleeping thread of the process watches the completion hub
+    // (transport/cq_hub.h); if another does, ours pokes fds[0] through
+    // our sleepers' slot (so only a slotted sleeper may leave it out).
+    const bool hub = slotted && n >= 2 && fds[n - 1].fd == transport::cq_hub::fd();
+    const bool watching = !hub || transport::cq_hub::begin_sleep(fds[0].fd);
+    err = restartable_poll(fds, nfds_t(watching ? n : n - 1), timeout_ms, signals);
+    // (Others asleep without the hub: their completions are read now.)
+    if (hub && transport::cq_hub::end_sleep() && (fds[n - 1].revents & POLLIN))
+      transport::cq_hub::poll();
+  }
   sleep_end();
   if (slotted) remove_sleeper(fds[0].fd);
   // Woken by the completion hub: the event is read by the next progress()

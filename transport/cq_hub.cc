@@ -5,12 +5,16 @@
 #include <poll.h>
 #include <sys/epoll.h>
 
+#include <boost/intrusive/list.hpp>
+
 #include <atomic>
 #include <cerrno>
+#include <new>
 
 #include "transport/cm_hub.h"
 #include "transport/connection.h"
 #include "transport/fds.h"
+#include "util/no_destroy.h"
 #include "util/sys.h"
 
 namespace rsock::transport::cq_hub {
@@ -131,6 +135,57 @@ void poll() {
   }
 }
 
+namespace {
+struct Sleeper {
+  int wake_fd = -1;
+  bool watcher = false;  // this sleep includes fd()
+  boost::intrusive::list_member_hook<> hook;
+};
+thread_local Sleeper t_sleeper;
+
+// Who watches the hub (begin_sleep). g_sleep_mu is a leaf lock: held only
+// to update these two, never while calling out (the poke is written after).
+using SleeperList = boost::intrusive::list<
+    Sleeper, boost::intrusive::member_hook<Sleeper, boost::intrusive::list_member_hook<>,
+                                           &Sleeper::hook>>;
+std::mutex g_sleep_mu;
+bool g_watched = false;
+// Asleep without fd(), oldest first. Never destroyed (util/no_destroy.h:
+// hooks run during exit); built at load, long before a socket upgrades.
+util::NoDestroy<SleeperList> g_sleepers_storage;
+SleeperList& g_sleepers = g_sleepers_storage.value;
+
+void poke(int fd) {
+  uint64_t one = 1;
+  if (fd >= 0) (void)!sys::libc.write(fd, &one, sizeof one);
+}
+}  // namespace
+
+bool begin_sleep(int wake_fd) {
+  Sleeper* s = &t_sleeper;
+  s->wake_fd = wake_fd;
+  std::lock_guard lk(g_sleep_mu);
+  s->watcher = !g_watched;
+  if (s->watcher) g_watched = true;
+  else g_sleepers.push_back(*s);
+  return s->watcher;
+}
+
+bool end_sleep() {
+  Sleeper* s = &t_sleeper;
+  int hand_to = -1;
+  bool others;
+  {
+    std::lock_guard lk(g_sleep_mu);
+    if (s->watcher) g_watched = false;
+    else g_sleepers.erase(g_sleepers.iterator_to(*s));
+    others = !g_sleepers.empty();
+    if (!g_watched && others) hand_to = g_sleepers.front().wake_fd;
+  }
+  poke(hand_to);
+  return s->watcher && others;
+}
+
 void forget(ibv_cq* cq) {
   if (cq == nullptr) return;
   std::lock_guard lk(cm_hub::mu());
@@ -143,6 +198,11 @@ void after_fork_child() {
   // parent's); our copy of its epoll instance goes.
   g_nch.store(0, std::memory_order_release);
   g_fd.store(-1, std::memory_order_release);
+  // Only the forking thread exists here, and it was not asleep; another
+  // thread may have held the lock at the fork.
+  new (&g_sleep_mu) std::mutex;
+  g_watched = false;
+  g_sleepers.clear();
   if (int ep = g_epfd.exchange(-1, std::memory_order_acq_rel); ep >= 0) sys::close_owned(ep);
 }
 

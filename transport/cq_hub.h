@@ -16,9 +16,14 @@
 // (note_readable). So a completion wakes
 // the application thread that sleeps on it directly, as a channel per
 // connection did, with no thread hop (measured in the VM: a hop through the
-// progress thread made a 64 B round trip 8x longer). The cost: every thread
-// asleep on some upgraded socket of the process wakes on every event (a
-// thread-per-connection server with many idle threads wakes them all).
+// progress thread made a 64 B round trip 8x longer).
+// One sleeping thread at a time watches the hub (begin_sleep): a
+// completion would otherwise wake every thread of the process asleep on an
+// upgraded socket (memcslap, 10 threads: 2.3 sleeps and 4.7 reads per
+// request). The others sleep on their own wake fds, which the completion
+// reaches through its stream (whoever reads the hub pokes the stream's
+// sleepers). When the watcher leaves its sleep with others still asleep,
+// it pokes one of them, which then watches: see begin_sleep.
 // Locking: mu() is a leaf lock, like cm_hub's. It covers the channel reads
 // and acks and the CQs' cq_context pointers: a Connection forgets its CQ
 // under it before destroying the CQ, so no event is delivered to it after.
@@ -52,6 +57,27 @@ void note_readable();
 bool noted();
 // note_readable() if fd() is among `fds` and the sleep on them found it readable.
 void note_if_woken(const ::pollfd* fds, int n);
+// A thread about to sleep on upgraded sockets, with `wake_fd` in its sleep
+// (its eventfd, which those sockets' completions poke: it must be in every
+// one's sleepers). True: the caller watches the hub, i.e. puts fd() in this
+// sleep (nobody else does). False: another thread watches; the caller
+// sleeps without fd() and is poked when needed. Every begin_sleep is
+// followed by one end_sleep on the same thread, after the sleep (on every
+// path); a thread is in one sleep at a time.
+//
+// Why nothing is lost: a thread asleep without fd() is in the list, and
+// while it is there either a watcher exists (it reads the hub, whose events
+// poke their streams' sleepers, and it passes the watch on as it leaves),
+// or the last thread to leave found no watcher and poked the list's first
+// thread: that one wakes, leaves (poking the next first, if there still is
+// no watcher) and, if it sleeps again, becomes the watcher. No thread joins
+// the list while there is no watcher (it becomes the watcher instead).
+bool begin_sleep(int wake_fd);
+// Returns, for a watcher, whether others slept on it: a watcher that fd()
+// woke then reads the hub at once (poll()), rather than leaving the read to
+// its next progress(), so that their completions are not held up.
+bool end_sleep();
+
 // Under mu(): events of `cq` are acknowledged and dropped from now on.
 void forget(ibv_cq* cq);
 // In a fork child: the channels are the parent's (their CQs are the
