@@ -165,6 +165,9 @@ bool begin_sleep(int wake_fd) {
   Sleeper* s = &t_sleeper;
   s->wake_fd = wake_fd;
   std::lock_guard lk(g_sleep_mu);
+  // Still in the list: the thread left its last sleep without end_sleep (a
+  // handler that longjmp'd out of it). Never linked twice.
+  if (s->hook.is_linked()) g_sleepers.erase(g_sleepers.iterator_to(*s));
   s->watcher = !g_watched;
   if (s->watcher) g_watched = true;
   else g_sleepers.push_back(*s);
