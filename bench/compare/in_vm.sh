@@ -104,7 +104,10 @@ start_srv() {
     fi
     if ! kill -0 "$SRV" 2>/dev/null; then
       wait "$SRV"
-      SRV_WHY="server exited with status $? before listening: $(grep -m1 -iE 'guru meditation|error|fault|signal|crash' "$OUT/logs/$tag.out" | cut -c1-160)"
+      local rc=$? line
+      line=$(grep -m1 -iE 'guru meditation|error|fault|signal|crash|fail' "$OUT/logs/$tag.out")
+      [ -n "$line" ] || line=$(grep -v '^$' "$OUT/logs/$tag.out" | tail -1)
+      SRV_WHY="server exited with status $rc before listening: $(cut -c1-160 <<<"$line")"
       return 1
     fi
     sleep 0.3
