@@ -72,11 +72,13 @@ tail -1 fal.log
 # Preforked workers: fork children with their own verbs contexts, the
 # shared listen table, redirects, and vfork (the test samples QPs through
 # Python's subprocess); a worker taking over from an exited master (pidfd);
-# a SO_REUSEPORT group through its named table. A long upgrade timeout: a
-# slow host once timed a worker's rendezvous out (the test then names each
-# connection's fallback reason).
+# a SO_REUSEPORT group through its named table. Long upgrade and
+# resolution timeouts: a slow host once timed a worker's rendezvous out, and
+# once the client's address resolution (500 ms by default: 3 of 12
+# connections `resolve_failed` under ASan with 12 streams at once); the
+# test then names each connection's fallback reason.
 for v in "" --master-exits --reuseport-each; do
-  LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=20000 python3 $SRC/tests/multiproc/prefork.py 10.77.0.1 \$v > pf.log 2>&1 || { report pf.log; echo "FAIL: multiproc prefork \$v"; rc=1; }
+  LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=20000 RSOCK_RESOLVE_TIMEOUT_MS=5000 python3 $SRC/tests/multiproc/prefork.py 10.77.0.1 \$v > pf.log 2>&1 || { report pf.log; echo "FAIL: multiproc prefork \$v"; rc=1; }
   grep -h "^prefork" pf.log
 done
 # Hostile peers against the transport, itself built with the sanitizers.
