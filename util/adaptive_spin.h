@@ -49,17 +49,15 @@ class SpinPolicy {
   void record(uint64_t waited_ns, uint32_t max_us) {
     const bool hit = waited_ns <= uint64_t{max_us} * 1000;
     hits_ = hits_ - hits_ / 8 + (hit ? kOne / 8 : 0);
-    if (hit) short_ns_ = seen_short_ ? short_ns_ - short_ns_ / 8 + waited_ns / 8 : waited_ns;
-    seen_short_ |= hit;
+    // (The first short wait seeds the average.)
+    if (hit) short_ns_ = short_ns_ ? short_ns_ - short_ns_ / 8 + waited_ns / 8 : waited_ns;
   }
 
   uint32_t hit_rate() const { return hits_; }  // in 1/256ths
-  uint64_t short_ns() const { return short_ns_; }
 
  private:
   uint32_t hits_ = 0;
-  uint64_t short_ns_ = 0;
-  bool seen_short_ = false;
+  uint64_t short_ns_ = 0;  // EWMA of the short waits; 0 before the first
 };
 
 // Spins longer than spin_us, process-wide, are limited to one fewer than
