@@ -75,7 +75,7 @@ tail -1 fal.log
 # a SO_REUSEPORT group through its named table. Long upgrade and
 # resolution timeouts: a slow host once timed a worker's rendezvous out, and
 # once the client's address resolution (500 ms by default: 3 of 12
-# connections `resolve_failed` under ASan with 12 streams at once); the
+# connections resolve_failed under ASan with 12 streams at once); the
 # test then names each connection's fallback reason.
 for v in "" --master-exits --reuseport-each; do
   LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=20000 RSOCK_RESOLVE_TIMEOUT_MS=5000 python3 $SRC/tests/multiproc/prefork.py 10.77.0.1 \$v > pf.log 2>&1 || { report pf.log; echo "FAIL: multiproc prefork \$v"; rc=1; }
