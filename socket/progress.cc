@@ -299,6 +299,10 @@ bool ensure_thread() {
     ev.data.u64 = kHubTag;
     if (sys::libc.epoll_ctl(g_epfd, EPOLL_CTL_ADD, transport::cm_hub::fd(), &ev) == 0)
       transport::cm_hub::set_serviced(true);
+    // Here, in the application's thread, rather than in the progress
+    // thread's first rendezvous: fds a background thread creates take the
+    // lowest free number for a moment (transport/fds.h).
+    transport::prepare_devices(process_config().tunables.lossy_path_ppm != 0);
   }
 
   // The thread must not keep a process alive nor receive its signals.
@@ -1828,6 +1832,7 @@ void progress_after_fork_child() {
   transport::cq_hub::after_fork_child();
   tcp_hub::after_fork_child();
   transport::contexts_after_fork_child();
+  transport::path_quality::after_fork_child();
   thread_wake_after_fork_child();
   Registry* old = g_reg_ptr.load();
   Registry* fresh = new Registry();

@@ -23,6 +23,20 @@ inline void disown_channel(ibv_comp_channel* ch) { sys::disown_fd(ch->fd); }
 // which stay open for the life of the process.
 void own_device_fds();
 
+// From the application's own call (a hook), before the progress thread's
+// first rendezvous in this process image: opens now what the progress
+// thread would otherwise open at its first connection on each device with
+// an active port: the process's own verbs context and its completion
+// channel, the port counter files (path_quality.h; when `port_counters`),
+// and librdmacm's one-time address-service probe (a socket it opens and
+// closes at the first route resolution). An fd created in a background
+// thread holds the lowest free number for a moment: a program that had just
+// closed that number and reuses it would get something else
+// (tests/conformance/test_fds.cc). From the program's own thread it cannot
+// collide with the program's next call. Once per process image (again in a
+// fork child); failures are left for the connection that needs the device.
+void prepare_devices(bool port_counters);
+
 // The verbs context this process opened itself for `dev` (opened on first
 // use, its fds in the owned band); every PD, CQ, QP and MR of a Connection
 // lives on one, never on librdmacm's id->verbs. librdmacm opens its contexts

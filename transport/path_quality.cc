@@ -6,35 +6,88 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
 
+#include "util/owned_fds.h"
 #include "util/sys.h"
 
 namespace rsock::transport::path_quality {
 
 namespace {
 
-// One counter file, or -1 if there is none (or it holds no number).
-int64_t counter(const char* dir, const char* name) {
+// The counter files stay open, in the owned band, and are read again with
+// pread at offset 0 (sysfs makes a fresh value for every read from 0). An
+// open() every 250 ms would take the lowest free fd number for a moment,
+// from a background thread: a program that had just closed that number and
+// used it again (its next socket(), or a call that must fail EBADF) would
+// get something else. Now each file costs one such open per process, at
+// the first look (or none: open_port() from the application's own call).
+// A file that fails to read (its device went away) is closed and opened
+// again at a later look. Override directories (RSOCK_DEBUG_HW_COUNTERS,
+// tests) are opened at every read: tests replace files by rename.
+constexpr int kMaxOpen = 32;
+struct OpenCounter {
   char path[256];
-  if (std::snprintf(path, sizeof path, "%s/%s", dir, name) >= int(sizeof path)) return -1;
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);  // open is not hooked
-  if (fd < 0) return -1;
-  char buf[32];
-  ssize_t n = sys::libc.read(fd, buf, sizeof buf - 1);
-  sys::libc.close(fd);
+  int fd;
+};
+OpenCounter g_open[kMaxOpen];
+int g_nopen = 0;
+std::mutex g_open_mu;
+
+int64_t parse(const char* buf, ssize_t n) {
   if (n <= 0) return -1;
-  buf[n] = 0;
   char* end = nullptr;
   unsigned long long v = std::strtoull(buf, &end, 10);
   if (end == buf) return -1;
   return int64_t(v);
 }
 
+// One file read through a fresh fd (override directories, or the table of
+// open files is full).
+int64_t read_once(const char* path) {
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);  // open is not hooked
+  if (fd < 0) return -1;
+  char buf[32];
+  ssize_t n = sys::libc.read(fd, buf, sizeof buf - 1);
+  sys::libc.close(fd);
+  if (n > 0) buf[n] = 0;
+  return parse(buf, n);
+}
+
+// One counter file, or -1 if there is none (or it holds no number).
+int64_t counter(const char* dir, const char* name, bool keep) {
+  char path[256];
+  if (std::snprintf(path, sizeof path, "%s/%s", dir, name) >= int(sizeof path)) return -1;
+  if (!keep) return read_once(path);
+  std::lock_guard lk(g_open_mu);
+  int i = 0;
+  while (i < g_nopen && std::strcmp(g_open[i].path, path) != 0) i++;
+  if (i == g_nopen) {
+    if (g_nopen == kMaxOpen) return read_once(path);
+    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;  // (no fd was made: nothing to keep)
+    std::memcpy(g_open[i].path, path, sizeof path);
+    g_open[i].fd = sys::own_fd(fd);
+    g_nopen++;
+  }
+  char buf[32];
+  ssize_t n = ::pread(g_open[i].fd, buf, sizeof buf - 1, 0);
+  if (n < 0) {
+    sys::close_owned(g_open[i].fd);
+    g_open[i] = g_open[--g_nopen];
+    return -1;
+  }
+  buf[n] = 0;
+  return parse(buf, n);
+}
+
 // The first of `names` the directory has (-1: none).
 template <size_t N>
-int64_t first_of(const char* dir, const char* const (&names)[N]) {
+int64_t first_of(const char* dir, const char* const (&names)[N], bool keep) {
   for (const char* n : names) {
-    int64_t v = counter(dir, n);
+    int64_t v = counter(dir, n, keep);
     if (v >= 0) return v;
   }
   return -1;
@@ -44,9 +97,11 @@ int64_t first_of(const char* dir, const char* const (&names)[N]) {
 
 Sample read(const char* device, uint8_t port) {
   char hw[192], std_dir[192];
+  bool keep = true;
   if (const char* d = ::getenv("RSOCK_DEBUG_HW_COUNTERS"); d && *d) {
     std::snprintf(hw, sizeof hw, "%s", d);
     std::snprintf(std_dir, sizeof std_dir, "%s", d);
+    keep = false;
   } else {
     std::snprintf(hw, sizeof hw, "/sys/class/infiniband/%s/ports/%u/hw_counters", device,
                   unsigned(port));
@@ -62,11 +117,11 @@ Sample read(const char* device, uint8_t port) {
   static constexpr const char* kXmit[] = {"port_xmit_packets"};
   static constexpr const char* kRecv[] = {"port_rcv_packets"};
   Sample s;
-  int64_t gap = first_of(hw, kRxGap), nak = first_of(hw, kTxNak);
-  int64_t sent = first_of(hw, kSent), rcvd = first_of(hw, kRcvd);
+  int64_t gap = first_of(hw, kRxGap, keep), nak = first_of(hw, kTxNak, keep);
+  int64_t sent = first_of(hw, kSent, keep), rcvd = first_of(hw, kRcvd, keep);
   if (sent < 0 || rcvd < 0) {  // mlx5 counts packets among the standard counters
-    sent = first_of(std_dir, kXmit);
-    rcvd = first_of(std_dir, kRecv);
+    sent = first_of(std_dir, kXmit, keep);
+    rcvd = first_of(std_dir, kRecv, keep);
   }
   if (gap < 0 || nak < 0 || sent < 0 || rcvd < 0) return s;
   s.packets = uint64_t(sent) + uint64_t(rcvd);
@@ -74,6 +129,10 @@ Sample read(const char* device, uint8_t port) {
   s.ok = true;
   return s;
 }
+
+void open_port(const char* device, uint8_t port) { (void)read(device, port); }
+
+void after_fork_child() { new (&g_open_mu) std::mutex(); }
 
 PortJudge::Verdict PortJudge::feed(const Sample& s, uint64_t now_ns, uint32_t ppm) {
   if (!s.ok) return Verdict::kNoData;

@@ -20,7 +20,8 @@
 // link (both ends see about the same ratio).
 //
 // RSOCK_DEBUG_HW_COUNTERS=DIR (tests): the counters are read from files in
-// DIR (one number per file, named like rxe's) instead of sysfs.
+// DIR (one number per file, named like rxe's) instead of sysfs, opened at
+// every read (tests replace them by rename).
 #pragma once
 
 #include <cstdint>
@@ -33,8 +34,15 @@ struct Sample {
   bool ok = false;          // the device has counters we know
 };
 
-// Reads one port's counters now (a few small sysfs reads).
+// Reads one port's counters now (a few small sysfs reads, through files it
+// keeps open in the owned fd band after the first read).
 Sample read(const char* device, uint8_t port);
+// Opens the port's counter files now (from the application's own call, so
+// that the progress thread's first look creates no fd).
+void open_port(const char* device, uint8_t port);
+// In a fork child: the table's lock is fresh (a parent thread may have held
+// it); the open files are inherited and stay in use.
+void after_fork_child();
 
 // Judges a port from successive samples: lossy when, over at least
 // kMinPackets packets since the last judgement, sequence errors reach
