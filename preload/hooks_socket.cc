@@ -105,6 +105,18 @@ static int accept_common(HookScope& h, int fd, int r, int flags) {
 }
 
 // getsockopt(SOL_RSOCK, RSOCK_TRANSPORT) of a tracked socket (preload/librsock.h).
+// SO_RCVTIMEO / SO_SNDTIMEO in either of their kernel forms (32- and 64-bit
+// time; glibc picks one by its time_t size).
+static bool is_timeout_opt(int opt) {
+  if (opt == SO_RCVTIMEO || opt == SO_SNDTIMEO) return true;
+#if defined(SO_RCVTIMEO_OLD) && defined(SO_RCVTIMEO_NEW)
+  if (opt == SO_RCVTIMEO_OLD || opt == SO_RCVTIMEO_NEW || opt == SO_SNDTIMEO_OLD ||
+      opt == SO_SNDTIMEO_NEW)
+    return true;
+#endif
+  return false;
+}
+
 static Status<void> transport_of(const socket::SocketRef& s, void* val, socklen_t* len) {
   if (!val || !len) return Err(EFAULT);
   if (*len < sizeof(int)) return Err(EINVAL);
@@ -230,7 +242,12 @@ RSOCK_HOOK int setsockopt(int fd, int level, int opt, const void* val, socklen_t
       return h.finish(rsock::Status<void>{});
     }
   }
-  return h.pass(real().setsockopt(fd, level, opt, val, len));
+  int r = real().setsockopt(fd, level, opt, val, len);
+  // An upgraded socket's blocking calls keep its timeouts (Stream::socket_timeout).
+  if (r == 0 && level == SOL_SOCKET && rsock::preload::is_timeout_opt(opt))
+    if (auto s = h.tracked(fd))
+      if (auto* st = s->stream()) st->timeouts_changed();
+  return h.pass(r);
 }
 
 RSOCK_HOOK int getsockopt(int fd, int level, int opt, void* val, socklen_t* len) noexcept {

@@ -178,7 +178,6 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     int ready = 0;
     kfds.clear();
     kidx.clear();
-    if (full) drain_thread_wake();  // a syscall: not while spinning
     for (nfds_t i = 0; i < n; i++) {
       fds[i].revents = 0;
       if (streams[i]) {
@@ -220,6 +219,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     const int hub = transport::cq_hub::fd();
     size_t hub_at = SIZE_MAX;  // once, not once per stream: every stream shares it
     bool no_wake = false;      // a stream that cannot poke us: sleep in slices
+    const size_t wake_at = wait.size();
     if (wake >= 0) wait.push_back({wake, POLLIN, 0});
     auto& slotted = ws.slotted;
     slotted.assign(n, 0);
@@ -252,6 +252,10 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
       streams[i]->sleep_end();
       if (slotted[i]) streams[i]->remove_sleeper(wake);
     }
+    // The wake fd is read only when this sleep saw it readable (not at
+    // every call: a read that mostly found nothing); a poke left over ends
+    // the next sleep at once and is read then.
+    if (r > 0 && wake >= 0 && (wait[wake_at].revents & POLLIN)) drain_thread_wake();
     // Woken by the completion hub: its events go to their connections.
     if (r > 0 && hub_at != SIZE_MAX && (wait[hub_at].revents & POLLIN)) transport::cq_hub::poll();
     if (r < 0) return Err(err);

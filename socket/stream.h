@@ -122,6 +122,16 @@ class Stream {
   // RDMA) within `spin_us`. What a blocking call does before it reads its
   // socket's SO_RCVTIMEO/SO_SNDTIMEO (a syscall), which only a sleep needs.
   bool spin(short interest, uint32_t spin_us);
+  // The kernel socket's SO_RCVTIMEO (rcv) or SO_SNDTIMEO in ms, -1: none.
+  // Read once and kept (a getsockopt per blocking wait was one syscall in
+  // every round trip); the setsockopt hook forgets it when the program sets
+  // either. Read every time while another process holds the socket too
+  // (its setsockopt is not seen here).
+  int socket_timeout(bool rcv);
+  void timeouts_changed() {
+    rcvtimeo_ms_.store(kTimeoutUnknown, std::memory_order_relaxed);
+    sndtimeo_ms_.store(kTimeoutUnknown, std::memory_order_relaxed);
+  }
 
   // A buffer for calls that must copy through the stream (sendfile, splice):
   // hooks keep their stack frames small and do not call malloc, so it is
@@ -624,6 +634,8 @@ class Stream {
   // the slot this process counts its TCP bytes into, while it holds one.
   holders::Slot* holders_ = nullptr;
   std::atomic<bool> shared_{false};   // pending, waiting to be the only holder
+  static constexpr int kTimeoutUnknown = -2;
+  std::atomic<int> rcvtimeo_ms_{kTimeoutUnknown}, sndtimeo_ms_{kTimeoutUnknown};  // socket_timeout
   bool share_after_revert_ = false;   // handed off at fork: shared once settled
   bool added_at_fork_ = false;        // share_at_fork counted the child
   bool pass_after_revert_ = false;    // give_away: its hand-off ends shared, unclaimed

@@ -308,7 +308,7 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
       // (The timeout is read only once the spin did not do: a syscall.)
       if (spin(POLLIN, spin_us)) continue;
       spun = true;
-      timeout = socket_timeout_ms(tcp_fd(), SO_RCVTIMEO);
+      timeout = socket_timeout(true);
       deadline = timeout < 0 ? 0 : now_ms() + uint64_t(timeout);
     }
     int left = -1;
@@ -354,7 +354,7 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
       // (The timeout is read only once the spin did not do: a syscall.)
       if (spin(POLLOUT, spin_us)) continue;
       spun = true;
-      timeout = socket_timeout_ms(tcp_fd(), SO_SNDTIMEO);
+      timeout = socket_timeout(false);
       deadline = timeout < 0 ? 0 : now_ms() + uint64_t(timeout);
     }
     int left = -1;
@@ -516,6 +516,15 @@ int Stream::wait_fds(short interest, pollfd* out) {
   return n;
 }
 
+int Stream::socket_timeout(bool rcv) {
+  std::atomic<int>& cached = rcv ? rcvtimeo_ms_ : sndtimeo_ms_;
+  int v = cached.load(std::memory_order_relaxed);
+  if (v != kTimeoutUnknown && !shared_by_fork()) return v;
+  v = socket_timeout_ms(tcp_fd(), rcv ? SO_RCVTIMEO : SO_SNDTIMEO);
+  cached.store(v, std::memory_order_relaxed);
+  return v;
+}
+
 bool Stream::spin(short interest, uint32_t spin_us) {
   // Busy-poll on RDMA: a reply usually arrives within microseconds, sooner
   // than a sleep and wakeup would take.
@@ -537,11 +546,11 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals, uint32_t 
   if (spin(interest, spin_us)) return 0;
   pollfd fds[3];
   int n = wait_fds(interest, fds);
-  uint64_t drain;
-  // Consume old pokes first.
-  if (fds[0].fd >= 0) (void)!sys::libc.read(fds[0].fd, &drain, sizeof drain);
-  // Re-check after consuming: a poke between the caller's attempt and now
-  // must not be lost.
+  // The wake fd is read only when the sleep saw it readable (below), not
+  // before every sleep (a read that found nothing in most round trips): a
+  // poke left over from earlier ends this sleep at once, the caller looks
+  // again and the next sleep is a real one. A poke that comes after this
+  // look ends the sleep like any other.
   uint64_t seen = generation();
   short ev = poll_events(interest);
   if (ev < 0 || (ev & (interest | POLLERR | POLLHUP))) return 0;
@@ -564,6 +573,10 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals, uint32_t 
   }
   sleep_end();
   if (slotted) remove_sleeper(fds[0].fd);
+  if (fds[0].fd >= 0 && (fds[0].revents & POLLIN)) {
+    uint64_t drain;
+    (void)!sys::libc.read(fds[0].fd, &drain, sizeof drain);
+  }
   // Woken by the completion hub: the event is read by the next progress()
   // (the caller looks at the CQ first, which needs no syscall), as it was
   // with a channel per connection: reading it here put a syscall between

@@ -11,6 +11,9 @@
 
 #include <vector>
 
+#include <chrono>
+#include <thread>
+
 #include "helpers.h"
 
 using namespace conf;
@@ -48,6 +51,47 @@ TEST_CASE("options: SO_RCVTIMEO makes a blocking read fail with EAGAIN after the
   errno = 0;
   CHECK(setsockopt(p.server, SOL_SOCKET, SO_RCVTIMEO, &bad, sizeof bad) == -1);
   CHECK(errno == EDOM);
+}
+
+// librsock keeps a socket's timeouts between blocking calls (a getsockopt
+// per wait was a syscall per round trip): a change, also through a dup,
+// must take effect at the next call, both ways.
+TEST_CASE("options: a changed SO_RCVTIMEO applies to the next blocking read") {
+  Pair p = connected_pair();
+  char b = 0;
+  auto write_later = [&](int ms) {
+    return std::thread([&p, ms] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      (void)!write(p.client, "x", 1);
+    });
+  };
+  // No timeout: the read waits for a byte that comes later.
+  std::thread w = write_later(100);
+  CHECK(read(p.server, &b, 1) == 1);
+  w.join();
+  // Now 150 ms, set through a dup (the same socket): the read times out.
+  Fd d(dup(p.server));
+  timeval tv{0, 150000};
+  REQUIRE(setsockopt(d, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+  w = write_later(3000);  // (ends the read if the timeout were lost)
+  int64_t t0 = now_ms();
+  errno = 0;
+  ssize_t r = read(p.server, &b, 1);
+  CHECK(r == -1);
+  CHECK(errno == EAGAIN);
+  int64_t took = now_ms() - t0;
+  CHECK(took >= 100);
+  CHECK(took < 2500);
+  w.join();
+  if (r == -1) CHECK(read(p.server, &b, 1) == 1);  // the late byte
+  // Back to none: a byte 400 ms later is read, no EAGAIN at 150 ms.
+  timeval zero{0, 0};
+  REQUIRE(setsockopt(p.server, SOL_SOCKET, SO_RCVTIMEO, &zero, sizeof zero) == 0);
+  w = write_later(400);
+  t0 = now_ms();
+  CHECK(read(p.server, &b, 1) == 1);
+  CHECK(now_ms() - t0 >= 300);
+  w.join();
 }
 
 TEST_CASE("options: SO_SNDTIMEO bounds a blocking write into a full socket") {
