@@ -657,10 +657,16 @@ void owner_exited(int fd, uint64_t now) {
 // the next look), and their peer hosts into the negative cache, whole host.
 // Idle streams stay: loss costs them nothing until they send, and then the
 // next look finds them busy. The ports are per process: each process reads
-// the counters itself (four small sysfs reads per port every 250 ms, only
-// while it has a stream on RDMA). The look runs often because a lossy RC
-// path moves little: every 250 ms lost is time at a fraction of TCP's rate.
+// the counters itself (four `pread`s of files it keeps open, per port and
+// look, only while it has a stream on RDMA). The look runs often because a
+// lossy RC path moves little: every look missed is time at a fraction of
+// TCP's rate. 2 % loss between two rxe guests, 64 MiB each way: 6.5 s
+// with a look every 250 ms, 5.8 s every 100 ms (kernel TCP 5.0 s; three
+// runs each, docs/PERFORMANCE.md). The look walks every stream, so with
+// more than kLossCheckFastMax of them it comes every kLossCheckNs instead.
+constexpr uint64_t kLossCheckFastNs = 100'000'000;
 constexpr uint64_t kLossCheckNs = 250'000'000;
+constexpr size_t kLossCheckFastMax = 1000;
 constexpr uint64_t kLossyHoldNs = 2'000'000'000;
 struct PortWatch {
   char device[64];
@@ -687,7 +693,7 @@ PortWatch* port_watch(const Stream::PortLook& look) {
 void check_paths(uint64_t now) {
   uint32_t ppm = process_config().tunables.lossy_path_ppm;
   if (ppm == 0 || now < g_next_loss_check_ns) return;
-  g_next_loss_check_ns = now + kLossCheckNs;
+  g_next_loss_check_ns = now + (g_streams.size() <= kLossCheckFastMax ? kLossCheckFastNs : kLossCheckNs);
   for (auto& p : g_ports) p.seen = false;
   bool any = false;
   // A stream whose lock is taken right now (its application is in the

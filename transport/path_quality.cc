@@ -19,7 +19,7 @@ namespace {
 
 // The counter files stay open, in the owned band, and are read again with
 // pread at offset 0 (sysfs makes a fresh value for every read from 0). An
-// open() every 250 ms would take the lowest free fd number for a moment,
+// open() at every look (every 100-250 ms) would take the lowest free fd number for a moment,
 // from a background thread: a program that had just closed that number and
 // used it again (its next socket(), or a call that must fail EBADF) would
 // get something else. Now each file costs one such open per process, at
