@@ -9,6 +9,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -158,4 +159,31 @@ TEST_CASE("fd numbers: while connections are open, a number the program freed st
   }
   CHECK_MESSAGE(seen < 0, "fd " << seen << " was opened by someone else after " << probes
                                 << " looks at the number the program had just closed");
+}
+
+// The same in a fresh process image (a fork child sets up its own verbs
+// context, completion channel and counter files at its first connection),
+// probed while that first connection is still upgrading: librsock creates
+// what it needs from the connect()/accept() calls themselves, in the
+// program's thread, and its background work after them creates no fd.
+TEST_CASE("fd numbers: a fork child's first connections upgrade without taking a number it freed") {
+  Pair before = connected_pair();  // the parent has set its devices up
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::vector<Pair> pairs;
+    for (int i = 0; i < 2; i++) pairs.push_back(connected_pair(AF_INET, /*await_upgrade=*/false));
+    int seen = -1;
+    for (int64_t end = now_ms() + 1500; seen < 0 && now_ms() < end;) {
+      int lo = dup(pairs[0].client);
+      if (lo < 0 || close(lo) != 0) _exit(3);
+      for (int i = 0; i < 200 && seen < 0; i++)
+        if (fcntl(lo, F_GETFD) >= 0) seen = lo;
+    }
+    _exit(seen < 0 ? 0 : 1);
+  }
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  REQUIRE(WIFEXITED(st));
+  CHECK_MESSAGE(WEXITSTATUS(st) == 0, "the child saw a number it had just closed taken by someone else");
 }
