@@ -110,8 +110,16 @@ void await_rdma(const Pair& p) {
     if (ts != RSOCK_TRANSPORT_UPGRADING && ts != RSOCK_TRANSPORT_RDMA) break;
     usleep(1000);
   }
+  // Why (SOL_RSOCK RSOCK_FALLBACK_REASON: rsock-stat's reason numbers,
+  // docs/STATS.md), so that a failure in a CI log says what to look at.
+  auto reason = [](int fd) {
+    int r = -1;
+    socklen_t len = sizeof r;
+    return getsockopt(fd, SOL_RSOCK, RSOCK_FALLBACK_REASON, &r, &len) == 0 ? r : -errno;
+  };
   FAIL("RSOCK_CONF_EXPECT_RDMA: the pair did not upgrade (transport client "
-       << tc << ", server " << ts << "; 0 tcp, 1 upgrading, 2 rdma, 3 broken, <0 -errno)");
+       << tc << ", server " << ts << "; 0 tcp, 1 upgrading, 2 rdma, 3 broken, <0 -errno; "
+       << "fallback reason client " << reason(p.client) << ", server " << reason(p.server) << ")");
 }
 
 Pair connected_pair(int family, bool await_upgrade) {
