@@ -25,7 +25,7 @@ namespace {
 // get something else. Now each file costs one such open per process, at
 // the first look (or none: open_port() from the application's own call).
 // A file that fails to read (its device went away) is closed and opened
-// again at a later look. Override directories (RSOCK_DEBUG_HW_COUNTERS,
+// again at a later look; a name that is not there is remembered as missing. Override directories (RSOCK_DEBUG_HW_COUNTERS,
 // tests) are opened at every read: tests replace files by rename.
 constexpr int kMaxOpen = 32;
 struct OpenCounter {
@@ -66,12 +66,15 @@ int64_t counter(const char* dir, const char* name, bool keep) {
   while (i < g_nopen && std::strcmp(g_open[i].path, path) != 0) i++;
   if (i == g_nopen) {
     if (g_nopen == kMaxOpen) return read_once(path);
+    // A name the driver does not have (rxe's on mlx5, and the other way)
+    // is remembered as missing (fd -1): it would otherwise cost a failed
+    // open() at every look.
     int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;  // (no fd was made: nothing to keep)
     std::memcpy(g_open[i].path, path, sizeof path);
-    g_open[i].fd = sys::own_fd(fd);
+    g_open[i].fd = fd < 0 ? -1 : sys::own_fd(fd);
     g_nopen++;
   }
+  if (g_open[i].fd < 0) return -1;
   char buf[32];
   ssize_t n = ::pread(g_open[i].fd, buf, sizeof buf - 1, 0);
   if (n < 0) {
