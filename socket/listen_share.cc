@@ -55,7 +55,12 @@ bool ip16(const sockaddr* a, uint64_t* hi, uint64_t* lo) {
 struct Table {
   Slot slots[kSlots];
   std::atomic<int32_t> owner_pid;
+  // Set by a process that execs with the listening socket kept open: its
+  // new image may publish in the port's named table (open_group). In the
+  // padding after owner_pid, so named tables keep their size.
+  std::atomic<int32_t> exec_named;
 };
+static_assert(sizeof(Table) == kSlots * sizeof(Slot) + 8, "the named tables' size");
 
 Table* create() {
   void* p = mmap(nullptr, sizeof(Table), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -142,6 +147,14 @@ uint16_t lookup(const Table* t, const sockaddr* client, uint16_t client_port,
 
 void set_owner(Table* t, int32_t pid) {
   if (t != nullptr) t->owner_pid.store(pid, std::memory_order_release);
+}
+
+void mark_exec(Table* t) {
+  if (t != nullptr) t->exec_named.store(1, std::memory_order_release);
+}
+
+bool exec_marked(const Table* t) {
+  return t != nullptr && t->exec_named.load(std::memory_order_acquire) != 0;
 }
 
 int32_t owner(const Table* t) {

@@ -64,5 +64,13 @@ uint16_t lookup(const Table* t, const sockaddr* client, uint16_t client_port,
 // The owner's pid (0: none recorded).
 void set_owner(Table* t, int32_t pid);
 int32_t owner(const Table* t);
+// Listening sockets inherited across exec (docs/DESIGN.md, "Listeners
+// inherited across exec"): the image after an exec shares no memory with
+// the owner, so it joins through the port's named table (open_group) even
+// without SO_REUSEPORT. The process that execs marks the owner's table
+// (mark_exec); an owner whose table is marked also looks in the named one
+// for connections it did not accept.
+void mark_exec(Table* t);
+bool exec_marked(const Table* t);
 
 }  // namespace rsock::socket::listen_share

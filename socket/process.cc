@@ -57,7 +57,10 @@ void init_process() {
   if (!g_config->passthrough) atexit(progress_at_exit);
   g_state.store(kLoaded, std::memory_order_release);
   // (Once loaded: what it creates is tracked like any socket.)
-  if (!g_config->passthrough) adopt_after_exec();
+  if (!g_config->passthrough) {
+    adopt_after_exec();
+    adopt_inherited_listeners();
+  }
 }
 
 const config::Config& process_config() {

@@ -139,6 +139,9 @@ struct ListenerEntry {
   listen_share::Table* share = nullptr;  // shared with fork children (never unmapped)
   bool side = false;
   bool v6only = false;  // the TCP listener's IPV6_V6ONLY, for a child that takes over
+  // The port's named table (listen_share::open_group), opened once `share`
+  // is marked: a process exec'd with the socket publishes there.
+  listen_share::Table* named = nullptr;
   // Another listening socket of this process on the same address and port
   // (SO_REUSEPORT): no rdma_cm listener of its own (the port has one), the
   // requests of its connections arrive at the first socket's, whose share it
@@ -163,6 +166,7 @@ struct InheritedListener {
   int32_t owner_pid = 0;     // the owner watched, or found gone
   uint64_t retry_ns = 0;     // gone, port still taken: try again then
   uint64_t retry_gap_ns = 0;
+  listen_share::Table* named = nullptr;  // the port's named table, once an exec needed it
 };
 
 // A connection this child accepted on an inherited listener and published
@@ -431,7 +435,8 @@ std::atomic<listen_share::Table*> g_passed_share{nullptr};
 
 // Under g_mu: a request none of our streams matches may be for a connection
 // a fork child accepted on the shared listening socket, or one passed to
-// another process: redirect it there.
+// another process, or one a process exec'd with the socket accepted (the
+// port's named table): redirect it there.
 bool try_redirect(transport::IncomingRequest& req, transport::Listener* via,
                   listen_share::Table* share, uint64_t now) {
   wire::RendezvousRequest rq{};
@@ -441,6 +446,22 @@ bool try_redirect(transport::IncomingRequest& req, transport::Listener* via,
   if (port == 0) return false;
   via->redirect(std::move(req), port);
   return true;
+}
+
+// Under g_mu: the named table of l's port once a process exec'd with the
+// listening socket (it marked l's share; it cannot reach the anonymous one),
+// nullptr before. Opened at the first request that needs it, owned as ours.
+listen_share::Table* named_share(ListenerEntry& l) {
+  if (l.named || !listen_share::exec_marked(l.share)) return l.named;
+  l.named = listen_share::open_group(reinterpret_cast<const sockaddr*>(&l.addr), l.tcp_port);
+  if (l.named && l.named != l.share) listen_share::set_owner(l.named, int32_t(getpid()));
+  return l.named;
+}
+
+bool try_redirect_named(transport::IncomingRequest& req, transport::Listener* via, uint64_t now) {
+  ListenerEntry* l = entry_of(via);
+  listen_share::Table* t = l ? named_share(*l) : nullptr;
+  return t != nullptr && t != l->share && try_redirect(req, via, t, now);
 }
 
 void service_listeners(uint64_t now) {
@@ -470,7 +491,8 @@ void service_listeners(uint64_t now) {
       // "no resources" keeps the client from blaming (caching) this peer.
       if (try_match(*r, l.listener.get())) continue;
       if (try_redirect(*r, l.listener.get(), l.share, now) ||
-          try_redirect(*r, l.listener.get(), g_passed_share.load(std::memory_order_acquire), now))
+          try_redirect(*r, l.listener.get(), g_passed_share.load(std::memory_order_acquire), now) ||
+          try_redirect_named(*r, l.listener.get(), now))
         continue;
       if (!sys::owned_fd_room(kFdsPerStream) || !transport::pinned::maps_fit()) {
         l.listener->reject(std::move(*r), transport::RejectReason::kNoResources);
@@ -483,7 +505,8 @@ void service_listeners(uint64_t now) {
     auto& pr = g_requests[i];
     if (!pr.req.valid() || try_match(pr.req, pr.via) ||
         try_redirect(pr.req, pr.via, pr.share, now) ||
-        try_redirect(pr.req, pr.via, g_passed_share.load(std::memory_order_acquire), now)) {
+        try_redirect(pr.req, pr.via, g_passed_share.load(std::memory_order_acquire), now) ||
+        try_redirect_named(pr.req, pr.via, now)) {
       g_requests.erase(g_requests.begin() + long(i));
     } else if (now > g_requests[i].expires_ns) {
       // Unknown connection: dropping the request rejects it (kRefused).
@@ -534,6 +557,9 @@ void drop_listener(size_t i) {
   auto* share = g_listeners[i].share;
   if (share && !g_listeners[i].alias && listen_share::owner(share) == int32_t(getpid()))
     listen_share::set_owner(share, 0);
+  auto* named = g_listeners[i].named;
+  if (named && named != share && listen_share::owner(named) == int32_t(getpid()))
+    listen_share::set_owner(named, 0);
   g_listeners.erase(g_listeners.begin() + long(i));
 }
 
@@ -1335,7 +1361,7 @@ void adopt_after_exec() {
   }
 }
 
-void listener_started(Socket* s, int fd) {
+void listener_started(Socket* s, int fd, bool across_exec) {
   sockaddr_storage local{};
   socklen_t ll = sizeof local;
   if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return;
@@ -1383,6 +1409,10 @@ void listener_started(Socket* s, int fd) {
   socklen_t rl = sizeof reuse;
   bool group = sys::libc.getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &reuse, &rl) == 0 && reuse;
   auto l = open_cm_listener(local, cm_port_of(port), v6only != 0);
+  // A socket inherited across exec shares no memory with the process that
+  // holds its port's listener, nor with its siblings: they all meet in the
+  // port's named table, as a SO_REUSEPORT group does.
+  group = group || across_exec;
   if (!l && group && l.error() == EADDRINUSE) {
     // Another process of this SO_REUSEPORT group holds the port's rdma_cm
     // listener: like a preforked worker, this one has its connections'
@@ -1391,8 +1421,9 @@ void listener_started(Socket* s, int fd) {
     if (listen_share::Table* t = listen_share::open_group(la, port)) {
       g_inherited_listeners.push_back({s, t, port, local, v6only != 0});
       g_unwatched_inherited.fetch_add(1, std::memory_order_relaxed);
-      LOG_DEBUG("TCP port %u: SO_REUSEPORT, another process holds its rdma_cm listener (pid %d)",
-                unsigned(port), int(listen_share::owner(t)));
+      LOG_DEBUG("TCP port %u: %s, another process holds its rdma_cm listener (pid %d)",
+                unsigned(port), across_exec ? "inherited across exec" : "SO_REUSEPORT",
+                int(listen_share::owner(t)));
       return;
     }
   }
@@ -1740,6 +1771,26 @@ int kept_on_exec(Socket* s, int* out) {
 void progress_before_exec(bool replaces) {
   std::lock_guard lk(g_mu);
   const auto& tun = process_config().tunables;
+  // A listening socket the new program keeps: it will publish the
+  // connections it accepts in the port's named table, since the owner's
+  // table (anonymous, passed by fork) does not survive the exec. The owner
+  // is told to look there (mark_exec), and the named table names it, so
+  // that the new program watches it and takes over when it exits.
+  for (auto& il : g_inherited_listeners) {
+    if (il.share == nullptr || closes_on_exec(il.socket)) continue;
+    listen_share::mark_exec(il.share);
+    if (!il.named)
+      il.named = listen_share::open_group(reinterpret_cast<const sockaddr*>(&il.addr), il.tcp_port);
+    if (il.named && listen_share::owner(il.share) > 0)
+      listen_share::set_owner(il.named, listen_share::owner(il.share));
+  }
+  // (posix_spawn: this process goes on as the owner. An exec in place takes
+  // the listener with the image; the new one binds the port again.)
+  for (auto& l : g_listeners) {
+    if (replaces || !l.listener || l.alias || !l.socket || closes_on_exec(l.socket)) continue;
+    listen_share::mark_exec(l.share);
+    (void)named_share(l);
+  }
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
     if (!g_stream_owner[i]) continue;

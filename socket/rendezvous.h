@@ -33,9 +33,17 @@ void adopt_passed(Socket* s, int fd);
 // numbers and wait to upgrade again. One failing shm_open when there are
 // none to find.
 void adopt_after_exec();
+// At startup, after adopt_after_exec: every TCP listening socket the image
+// inherited and nobody tracks yet (systemd socket activation, a master that
+// forks and execs its workers, a re-exec) is tracked as a listener and its
+// rdma_cm side started, as listen() would (socket/inherit.cc). An fstat per
+// open fd.
+void adopt_inherited_listeners();
 // listen() succeeded on a tracked socket: open its rdma_cm listener if the
-// config allows RDMA for it.
-void listener_started(Socket* s, int fd);
+// config allows RDMA for it. `across_exec`: a listening socket this image
+// inherited; if another process holds its port's rdma_cm listener (the
+// process that forked and exec'd us), join it as a preforked worker would.
+void listener_started(Socket* s, int fd, bool across_exec = false);
 // The socket is being freed: drop its rdma_cm listener and hand its stream
 // (if any) to the progress thread for an orderly close.
 void socket_released(Socket* s);

@@ -5,6 +5,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <arpa/inet.h>
+#include <sys/socket.h>
+#include <cerrno>
 #include <signal.h>
 #include <unistd.h>
 
@@ -103,7 +105,31 @@ struct WatchdogListener : doctest::IReporter {
 
 REGISTER_LISTENER("rsock_watchdog", 1, WatchdogListener);
 
+// The program a conformance case execs to serve on a listening socket it
+// inherits as fd 3 (test_process.cc): accepts one connection and echoes it
+// to EOF. Exit status: 0 served, 2 accept failed, 3 I/O failed.
+static int accept_echo_fd3() {
+  int c = accept(3, nullptr, nullptr);
+  if (c < 0) return 2;
+  close(3);
+  static char buf[65536];
+  for (;;) {
+    ssize_t n = read(c, buf, sizeof buf);
+    if (n == 0) return close(c) == 0 ? 0 : 3;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return 3;
+    }
+    for (ssize_t off = 0; off < n;) {
+      ssize_t w = write(c, buf + off, size_t(n - off));
+      if (w <= 0) return 3;
+      off += w;
+    }
+  }
+}
+
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--accept-echo-fd3") return accept_echo_fd3();
   conf::install_sigpipe_counter();
   // An RSOCK_CONF_IPV4 that is not configured here (e.g. the VM's rxe address
   // on the host) means "this environment does not apply": skip, don't fail.

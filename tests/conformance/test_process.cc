@@ -559,6 +559,60 @@ TEST_CASE("exec: a child execs cat on its inherited connection; the echo goes on
   CHECK(WEXITSTATUS(status) == 0);
 }
 
+// A listening socket inherited across exec (systemd's socket activation, a
+// supervisor that forks and execs its workers): the exec'd program never
+// calls listen(). Here the parent listens, forks a child that makes the
+// socket its fd 3 and execs this suite's own accept-and-echo program, closes
+// its copy and connects. The new image takes the listener in at startup; the
+// parent's rdma_cm listener, lingering after its close, redirects the
+// request to it (docs/DESIGN.md, "Listeners inherited across exec"): the
+// echo ends on RDMA, every byte in order. (It stayed on TCP before: nothing
+// served the exec'd program's connections.)
+TEST_CASE("exec: a child execs a server on the listening socket it inherits; its connection goes onto RDMA") {
+  Listener l = make_listener();
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int fd = l.fd.release();
+    if (fd != 3 && (dup2(fd, 3) != 3 || close(fd) != 0)) _exit(4);
+    execl("/proc/self/exe", "rsock_conformance", "--accept-echo-fd3", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  REQUIRE(l.fd.reset() == 0);
+  Fd c(socket(l.addr.ss_family, SOCK_STREAM, 0));
+  REQUIRE(connect(c, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0);
+  int64_t end = now_ms() + 20000;
+  uint32_t n = 0;
+  do {
+    n++;
+    REQUIRE(write_all(c, &n, sizeof n) == sizeof n);
+    uint32_t got = 0;
+    REQUIRE(read_exact(c, &got, sizeof got) == sizeof got);
+    REQUIRE(got == n);
+    if (!expect_rdma() || transport_of(c) == RSOCK_TRANSPORT_RDMA) break;
+    usleep(20000);
+  } while (now_ms() < end);
+  if (expect_rdma()) CHECK(transport_of(c) == RSOCK_TRANSPORT_RDMA);
+  static char big[256 * 1024];
+  fill_pattern(big, sizeof big, 0, 9);
+  std::thread w([&] { CHECK(write_all(c, big, sizeof big) == sizeof big); });
+  std::string back;
+  back.resize(sizeof big);
+  CHECK(read_exact(c, back.data(), sizeof big) == sizeof big);
+  w.join();
+  CHECK(check_pattern(back.data(), back.size(), 0, 9) == back.size());
+  // (Back to TCP before the server exits, as in the cat case above.)
+  int one = 1;
+  (void)setsockopt(c, SOL_RSOCK, RSOCK_REVERT, &one, sizeof one);
+  REQUIRE(shutdown(c, SHUT_WR) == 0);
+  bool eof = false;
+  read_to_eof(c, nullptr, &eof);
+  CHECK(eof);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
 // The inetd shape: a child execs a program that writes to the connection it
 // inherited. On RDMA before fork(), librsock switched it back to TCP at
 // fork(), so the new image (which knows nothing of librsock's state) writes
