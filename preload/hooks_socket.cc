@@ -148,6 +148,22 @@ static Status<void> fallback_of(const socket::SocketRef& s, void* val, socklen_t
   return {};
 }
 
+// getsockopt(SOL_RSOCK, RSOCK_BYTES) of a tracked socket: its stats slot's counters.
+static Status<void> bytes_of(const socket::SocketRef& s, void* val, socklen_t* len) {
+  if (!val || !len) return Err(EFAULT);
+  if (*len < sizeof(rsock_bytes)) return Err(EINVAL);
+  const stats::ConnSlot* c = s->slot();
+  if (c == nullptr) return Err(ENOPROTOOPT);
+  constexpr int kTcp = int(stats::Transport::kTcp), kRdma = int(stats::Transport::kRdma);
+  rsock_bytes b{c->traffic.tx_bytes[kTcp].load(std::memory_order_relaxed),
+                c->traffic.rx_bytes[kTcp].load(std::memory_order_relaxed),
+                c->traffic.tx_bytes[kRdma].load(std::memory_order_relaxed),
+                c->traffic.rx_bytes[kRdma].load(std::memory_order_relaxed)};
+  std::memcpy(val, &b, sizeof b);
+  *len = sizeof b;
+  return {};
+}
+
 }  // namespace rsock::preload
 
 RSOCK_HOOK int socket(int domain, int type, int protocol) noexcept {
@@ -256,6 +272,8 @@ RSOCK_HOOK int getsockopt(int fd, int level, int opt, void* val, socklen_t* len)
     if (auto s = h.tracked(fd)) return h.finish(rsock::preload::transport_of(s, val, len));
   if (level == SOL_RSOCK && opt == RSOCK_FALLBACK_REASON)
     if (auto s = h.tracked(fd)) return h.finish(rsock::preload::fallback_of(s, val, len));
+  if (level == SOL_RSOCK && opt == RSOCK_BYTES)
+    if (auto s = h.tracked(fd)) return h.finish(rsock::preload::bytes_of(s, val, len));
   // SO_ERROR of an upgraded socket: a reset that came over RDMA.
   if (level == SOL_SOCKET && opt == SO_ERROR && val && len && *len >= sizeof(int)) {
     if (auto s = h.tracked(fd)) {

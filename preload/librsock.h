@@ -46,4 +46,12 @@
  * the reason of an earlier fallback (it upgraded again since). */
 #define RSOCK_FALLBACK_REASON 4
 
+/* struct rsock_bytes, read-only: the application bytes this connection has
+ * sent and received so far over each transport (what rsock-stat shows per
+ * connection). ENOPROTOOPT when statistics are off (config `stats = off`). */
+#define RSOCK_BYTES 5
+struct rsock_bytes {
+  unsigned long long tcp_tx, tcp_rx, rdma_tx, rdma_rx;
+};
+
 #endif

@@ -167,6 +167,11 @@ struct InheritedListener {
   uint64_t retry_ns = 0;     // gone, port still taken: try again then
   uint64_t retry_gap_ns = 0;
   listen_share::Table* named = nullptr;  // the port's named table, once an exec needed it
+  // The event channel a takeover's rdma_cm listener will use, opened by the
+  // application's thread when it starts to watch (the takeover runs in the
+  // progress thread, which must not create an fd: docs/DESIGN.md, "Library
+  // fds").
+  rdma_event_channel* spare = nullptr;
 };
 
 // A connection this child accepted on an inherited listener and published
@@ -575,11 +580,12 @@ void expire_listeners(uint64_t now) {
 // Under g_mu: an rdma_cm listener on `local`'s address and rdma_cm port
 // `rport` (0: the kernel picks), read by the progress thread.
 Status<std::unique_ptr<transport::Listener>> open_cm_listener(const sockaddr_storage& local,
-                                                              uint16_t rport, bool v6only) {
+                                                              uint16_t rport, bool v6only,
+                                                              rdma_event_channel** spare = nullptr) {
   sockaddr_storage raddr = cm_address(local);
   reinterpret_cast<sockaddr_in*>(&raddr)->sin_port = htons(rport);
   auto l = transport::Listener::listen(reinterpret_cast<sockaddr*>(&raddr),
-                                       process_config().tunables, 1024, v6only);
+                                       process_config().tunables, 1024, v6only, spare);
   if (!l) return l;
   if (!ensure_thread()) return Err(EAGAIN);
   epoll_event ev{};
@@ -644,7 +650,7 @@ bool try_take_over(size_t i, uint64_t now) {
     watch_owner(i, now);  // a sibling took over: watch it
     return false;
   }
-  auto l = open_cm_listener(il.addr, cm_port_of(il.tcp_port), il.v6only);
+  auto l = open_cm_listener(il.addr, cm_port_of(il.tcp_port), il.v6only, &il.spare);
   if (!l) {
     LOG_DEBUG("TCP port %u: its owner (pid %d) exited; cannot take its rdma_cm listener over "
               "yet: %s", unsigned(il.tcp_port), int(il.owner_pid), strerror(l.error()));
@@ -1451,6 +1457,7 @@ void listener_in_use(int fd) {
     auto& il = g_inherited_listeners[i];
     if (il.socket != s.get() || il.share == nullptr || il.watched) continue;
     il.watched = true;
+    if (!il.spare) il.spare = transport::Listener::spare_channel();
     g_unwatched_inherited.fetch_sub(1, std::memory_order_relaxed);
     watch_owner(i, now_ns());
     return;
@@ -1492,6 +1499,7 @@ void socket_released(Socket* s) {
   std::erase_if(g_inherited_listeners, [&](InheritedListener& i) {
     if (i.socket != s) return false;
     unwatch_owner(i);
+    transport::Listener::free_spare(std::exchange(i.spare, nullptr));
     if (i.share && !i.watched) g_unwatched_inherited.fetch_sub(1, std::memory_order_relaxed);
     return true;
   });
@@ -1902,6 +1910,7 @@ void progress_after_fork_child() {
   for (const auto& il : old->inherited_listeners) {
     // The parent's watch is the parent's: this child watches on its own use.
     if (il.owner_fd >= 0) sys::close_owned(il.owner_fd);
+    transport::Listener::free_spare(il.spare);  // (this process's copy of the parent's)
     fresh->inherited_listeners.push_back({il.socket, il.share, il.tcp_port, il.addr, il.v6only});
   }
   int unwatched = 0;

@@ -9,6 +9,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <cstring>
+#include <utility>
 
 #include "util/clock.h"
 #include "util/log.h"
@@ -59,25 +60,51 @@ const sockaddr* IncomingRequest::local_addr() const {
   return id_ ? rdma_get_local_addr(id_) : nullptr;
 }
 
+rdma_event_channel* Listener::spare_channel() {
+  own_device_fds();
+  rdma_event_channel* ch = guarded::rdma_create_event_channel();
+  if (ch == nullptr) return nullptr;
+  own_channel(ch);
+  int fl = sys::libc.fcntl(ch->fd, F_GETFL);
+  if (fl < 0 || sys::libc.fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+    free_spare(ch);
+    return nullptr;
+  }
+  return ch;
+}
+
+void Listener::free_spare(rdma_event_channel* ch) {
+  if (ch == nullptr) return;
+  disown_channel(ch);
+  guarded::rdma_destroy_event_channel(ch);
+}
+
 Status<std::unique_ptr<Listener>> Listener::listen(const sockaddr* addr, const config::Tunables& tun,
-                                                   int backlog, bool v6only) {
+                                                   int backlog, bool v6only,
+                                                   rdma_event_channel** spare) {
   std::unique_ptr<Listener> l(new (std::nothrow) Listener(tun));
   if (!l) return Err(ENOMEM);
-  own_device_fds();
-  l->ch_ = guarded::rdma_create_event_channel();
+  const bool lent = spare != nullptr && *spare != nullptr;
+  l->ch_ = lent ? std::exchange(*spare, nullptr) : spare_channel();
   if (l->ch_ == nullptr) return Err(errno ? errno : ENODEV);
-  own_channel(l->ch_);
-  int fl = sys::libc.fcntl(l->ch_->fd, F_GETFL);
-  if (fl < 0 || sys::libc.fcntl(l->ch_->fd, F_SETFL, fl | O_NONBLOCK) < 0) return Err(errno);
-  if (guarded::rdma_create_id(l->ch_, &l->id_, l.get(), RDMA_PS_TCP) != 0) return Err(errno);
+  // A failure hands a lent channel back (its id, if any, destroyed first):
+  // the next attempt uses it again.
+  auto fail = [&](int e) -> Status<std::unique_ptr<Listener>> {
+    if (lent) {
+      if (l->id_) guarded::rdma_destroy_id(std::exchange(l->id_, nullptr));
+      *spare = std::exchange(l->ch_, nullptr);
+    }
+    return Err(e);
+  };
+  if (guarded::rdma_create_id(l->ch_, &l->id_, l.get(), RDMA_PS_TCP) != 0) return fail(errno);
   if (addr->sa_family == AF_INET6) {
     // Explicit, not the system's net.ipv6.bindv6only: like the TCP socket.
     int afonly = v6only ? 1 : 0;
     if (rdma_set_option(l->id_, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &afonly, sizeof afonly) != 0)
-      return Err(errno);
+      return fail(errno);
   }
-  if (guarded::rdma_bind_addr(l->id_, const_cast<sockaddr*>(addr)) != 0) return Err(errno);
-  if (guarded::rdma_listen(l->id_, backlog) != 0) return Err(errno);
+  if (guarded::rdma_bind_addr(l->id_, const_cast<sockaddr*>(addr)) != 0) return fail(errno);
+  if (guarded::rdma_listen(l->id_, backlog) != 0) return fail(errno);
   return l;
 }
 

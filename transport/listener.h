@@ -47,8 +47,17 @@ class Listener {
  public:
   // v6only: an AF_INET6 address serves IPv6 requests only (as the TCP
   // socket's IPV6_V6ONLY); otherwise a `::` listener takes IPv4 ones too.
+  // spare: an event channel from spare_channel() to use instead of a new
+  // one (taken on success, left in *spare on failure), so that a listener
+  // opened in the progress thread creates no fd there (docs/DESIGN.md,
+  // "Library fds").
   static Status<std::unique_ptr<Listener>> listen(const sockaddr* addr, const config::Tunables& tun,
-                                                  int backlog = 1024, bool v6only = false);
+                                                  int backlog = 1024, bool v6only = false,
+                                                  rdma_event_channel** spare = nullptr);
+  // An rdma_cm event channel for a later listen(): nonblocking, its fd in
+  // the owned band. nullptr on failure. free_spare: one never used.
+  static rdma_event_channel* spare_channel();
+  static void free_spare(rdma_event_channel* ch);
   ~Listener();
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;

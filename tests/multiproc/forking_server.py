@@ -3,7 +3,7 @@
 # unmodified, an accept-then-fork server (the master accepts, forks a child
 # that serves the connection and exits, and closes its own copy). Run
 # preloaded in the RDMA VM (ctest sets LD_PRELOAD): the server process and 12
-# concurrent client threads, each sending 256 KiB of random bytes (a pause
+# concurrent client threads, each sending 2 MiB of random bytes (a pause
 # after the first 64 KiB) and reading the echo. Every byte must come back,
 # in order, as without librsock. Under librsock every connection must reach
 # RDMA in the child that serves it: the master's copy was pending or on RDMA
@@ -18,7 +18,7 @@ from rdma_env import held_echoes, report_forked_server, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 skip_unless_rdma(ADDR)
-CONNS, N = 12, 256 * 1024
+CONNS, N = 12, 2 * 1024 * 1024
 
 
 class Echo(socketserver.StreamRequestHandler):
@@ -51,7 +51,8 @@ os.close(wr)
 port = int(os.read(rd, 16))
 os.close(rd)
 
-results, seen, whys, owners = held_echoes(ADDR, port, CONNS, N)
+counts = [[] for _ in range(CONNS)]
+results, seen, whys, owners = held_echoes(ADDR, port, CONNS, N, counts)
 os.kill(spid, signal.SIGTERM)
 os.waitpid(spid, 0)
-sys.exit(report_forked_server("forking_server", results, seen, whys, owners, spid))
+sys.exit(report_forked_server("forking_server", results, seen, whys, owners, spid, counts))

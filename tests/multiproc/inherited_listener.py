@@ -17,7 +17,8 @@
 #   --fork-exec-exits  the same, and the launcher exits 2 s later: an exec'd
 #                      server takes its rdma_cm listener over
 # Asserted: every byte of CONNS concurrent checksummed echoes comes back in
-# order; every connection was on RDMA (SOL_RSOCK transport 2); the kernel's
+# order; every connection was on RDMA (SOL_RSOCK transport 2), and at least
+# 90 % of the payload, both directions, went over RDMA (RSOCK_BYTES); the kernel's
 # `rdma resource show qp`, read while every connection is still open, lists
 # RC QPs in RTS owned by the serving processes, and none by a launcher that
 # does not serve. Fails on the library before 2026-12-04 in every mode (no
@@ -30,7 +31,7 @@ from rdma_env import held_echoes, skip_unless_rdma  # noqa: E402
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MODE = sys.argv[2] if len(sys.argv) > 2 else "--plain-launcher"
-CONNS, N = 8, 256 * 1024
+CONNS, N = 8, 2 * 1024 * 1024
 import socket  # noqa: E402
 
 
@@ -129,7 +130,8 @@ while time.time() < end:
     time.sleep(0.1)
 time.sleep(0.5)
 servers = set(map(int, open(tag + ".pids").read().split())) if os.path.exists(tag + ".pids") else set()
-results, seen, whys, owners = held_echoes(ADDR, port, CONNS, N)
+counts = [[] for _ in range(CONNS)]
+results, seen, whys, owners = held_echoes(ADDR, port, CONNS, N, counts)
 try:
     os.killpg(launcher, signal.SIGKILL)
 except ProcessLookupError:
@@ -146,15 +148,20 @@ except OSError:
 ok = sum(1 for x in results if x is True)
 rdma = sum(1 for s in seen if 2 in s)
 serving_owners = owners & servers
-print("inherited_listener %s: %d/%d echoes exact, %d/%d connections on RDMA, servers %d, "
-      "servers with RC QPs in RTS: %d, launcher with RC QPs: %s"
-      % (MODE, ok, CONNS, rdma, CONNS, len(servers), len(serving_owners),
+# Of the payload, both directions, at the clients: the share that went over RDMA.
+per = [c[0] for c in counts if c and c[0]]
+rdma_bytes = sum(b[2] + b[3] for b in per)
+all_bytes = sum(sum(b) for b in per)
+share = rdma_bytes / all_bytes if all_bytes else 0.0
+print("inherited_listener %s: %d/%d echoes exact, %d/%d connections on RDMA, %.1f %% of %d "
+      "bytes over RDMA, servers %d, servers with RC QPs in RTS: %d, launcher with RC QPs: %s"
+      % (MODE, ok, CONNS, rdma, CONNS, 100 * share, all_bytes, len(servers), len(serving_owners),
          launcher in owners and not launcher_serves))
 for i in range(CONNS):
     if results[i] is not True or 2 not in seen[i]:
         print("  connection %d: result %s, transports %s, fallback reason %s"
               % (i, results[i], sorted(seen[i]), ",".join(whys[i]) or "?"))
 good = ok == CONNS and rdma == CONNS and len(serving_owners) >= 1 and \
-    not (launcher in owners and not launcher_serves)
+    not (launcher in owners and not launcher_serves) and len(per) == CONNS and share >= 0.9
 print("inherited_listener %s: %s" % (MODE, "PASS" if good else "FAIL"))
 sys.exit(0 if good else 1)

@@ -4,7 +4,7 @@
 # accepts every connection and hands it to one of two worker processes over
 # SCM_RIGHTS; the workers are fork + exec'd node processes. Run preloaded
 # in the RDMA VM (ctest sets LD_PRELOAD for node and for these clients):
-# 12 concurrent clients each send 256 KiB of random bytes (a pause after the
+# 12 concurrent clients each send 2 MiB of random bytes (a pause after the
 # first 64 KiB) and read the echo. Every byte must come back, in order, as
 # without librsock. Under librsock every connection must reach RDMA in the
 # worker that serves it: the primary passes each one while its upgrade is
@@ -23,7 +23,7 @@ node = shutil.which("node") or shutil.which("nodejs")
 if not node:
     print("SKIP: no node")
     sys.exit(77)
-CONNS, N = 12, 256 * 1024
+CONNS, N = 12, 2 * 1024 * 1024
 here = os.path.dirname(os.path.abspath(__file__))
 # A new V8 under TCG: no JIT tiers that the emulator is known to trip over.
 srv = subprocess.Popen([node, "--jitless", os.path.join(here, "node_cluster.js"), ADDR, "2"],
@@ -42,10 +42,11 @@ if port is None:
     print("FAIL: the node cluster did not start (exit %s)" % srv.poll())
     sys.exit(1)
 
-results, seen, whys, owners = held_echoes(ADDR, port, CONNS, N)
+counts = [[] for _ in range(CONNS)]
+results, seen, whys, owners = held_echoes(ADDR, port, CONNS, N, counts)
 srv.send_signal(signal.SIGTERM)
 try:
     srv.wait(30)
 except subprocess.TimeoutExpired:
     srv.kill()
-sys.exit(report_forked_server("node_cluster", results, seen, whys, owners, srv.pid))
+sys.exit(report_forked_server("node_cluster", results, seen, whys, owners, srv.pid, counts))

@@ -3,7 +3,7 @@
 # shape: a master listens, forks WORKERS workers that accept on the listening
 # socket they inherited, and then only sleeps (signal.pause: sigsuspend).
 # Run preloaded in the RDMA VM (ctest sets LD_PRELOAD). The test process is
-# the client: CONNS concurrent connections, each sending 256 KiB of random
+# the client: CONNS concurrent connections, each sending 2 MiB of random
 # bytes (after a pause past the first 64 KiB, so that the upgrade lands
 # mid-stream), half-closing and reading the echo to EOF.
 # --master-exits: the master exits 2 s after forking the workers (the
@@ -18,7 +18,8 @@
 # group's named table).
 #
 # Asserted: every byte comes back in order; every connection was on RDMA
-# (SOL_RSOCK transport 2) at some point, although the process holding the
+# (SOL_RSOCK transport 2) at some point, and at least 90 % of the payload,
+# both directions, went over RDMA (RSOCK_BYTES at the clients), although the process holding the
 # rdma_cm listener (the master) accepts none of them; more than one worker
 # served connections; no worker died; and the kernel's `rdma resource show
 # qp`, read while every connection is still open (the clients hold them
@@ -26,7 +27,7 @@
 # thread group) and none owned by the master.
 import os, signal, socket, subprocess, sys, threading, time
 
-from rdma_env import held_echoes, skip_unless_rdma
+from rdma_env import held_echoes, rdma_share, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MASTER_EXITS = "--master-exits" in sys.argv
@@ -34,7 +35,7 @@ MASTER_CLOSES = "--master-closes" in sys.argv
 REUSEPORT = "--reuseport" in sys.argv
 REUSEPORT_EACH = "--reuseport-each" in sys.argv
 skip_unless_rdma(ADDR)
-WORKERS, CONNS, N = 3, 12, 256 * 1024
+WORKERS, CONNS, N = 3, 12, 2 * 1024 * 1024
 tag = "/tmp/prefork-test.%d" % os.getpid()
 
 
@@ -150,7 +151,8 @@ if MASTER_CLOSES:
 
 # Every connection's echo is back and the connection still open when the QPs
 # are listed, however quickly (or slowly) the transfers ran.
-results, transports, whys, qp_seen = held_echoes(ADDR, port, CONNS, N)
+counts = [[] for _ in range(CONNS)]
+results, transports, whys, qp_seen = held_echoes(ADDR, port, CONNS, N, counts)
 time.sleep(0.5)  # the workers' served files
 died = []
 if os.path.exists(tag + ".died"):
@@ -169,11 +171,13 @@ for name in os.listdir("/tmp"):
 ok = sum(1 for x in results if x is True)
 rdma = sum(1 for t in transports if 2 in t)
 qp_workers = qp_seen & worker_pids
-print("prefork%s: %d/%d echoes exact, %d/%d connections on RDMA, served per worker %s, "
-      "workers with RC QPs in RTS: %d, master with RC QPs: %s"
+share, total, counted = rdma_share(counts)
+print("prefork%s: %d/%d echoes exact, %d/%d connections on RDMA, %.1f %% of %d bytes over RDMA, "
+      "served per worker %s, workers with RC QPs in RTS: %d, master with RC QPs: %s"
       % (" (master exited)" if MASTER_EXITS else " (master closed its socket)" if MASTER_CLOSES else " (SO_REUSEPORT)" if REUSEPORT else
          " (SO_REUSEPORT in each worker)" if REUSEPORT_EACH else "", ok,
-         CONNS, rdma, CONNS, sorted(served.values()), len(qp_workers), mpid in qp_seen))
+         CONNS, rdma, CONNS, 100 * share, total, sorted(served.values()), len(qp_workers),
+         mpid in qp_seen))
 bad = [(i, results[i], sorted(transports[i]), ",".join(whys[i]) or "?") for i in range(CONNS)
        if results[i] is not True or 2 not in transports[i]]
 for b in bad:
@@ -181,4 +185,4 @@ for b in bad:
 for d in died:
     print("  " + d + " (before the test ended)")
 sys.exit(0 if not died and ok == CONNS and rdma == CONNS and len(served) > 1 and len(qp_workers) > 1
-         and mpid not in qp_seen else 1)
+         and mpid not in qp_seen and counted == CONNS and share >= 0.9 else 1)

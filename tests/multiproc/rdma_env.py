@@ -3,7 +3,7 @@
 # transport librsock reports for a socket; one verified echo as a client.
 import os, socket, subprocess, sys, threading, time
 
-SOL_RSOCK, RSOCK_TRANSPORT, RSOCK_FALLBACK_REASON = 0x5253, 1, 4  # preload/librsock.h
+SOL_RSOCK, RSOCK_TRANSPORT, RSOCK_FALLBACK_REASON, RSOCK_BYTES = 0x5253, 1, 4, 5  # preload/librsock.h
 # util/stats_layout.h FallbackReason, for reports.
 FALLBACK_NAMES = ["none", "policy", "peer_not_rsock", "no_device", "resolve_failed", "rejected",
                   "timeout", "negative_cache", "no_resources", "protocol", "unsupported",
@@ -19,6 +19,16 @@ def transport_of(s):
         return -1
 
 
+def bytes_of(s):
+    # (tcp_tx, tcp_rx, rdma_tx, rdma_rx) of the connection so far; None
+    # without librsock (or with its statistics off).
+    try:
+        b = s.getsockopt(SOL_RSOCK, RSOCK_BYTES, 32)
+    except OSError:
+        return None
+    return tuple(int.from_bytes(b[i:i + 8], "little") for i in range(0, 32, 8))
+
+
 def fallback_of(s):
     # Why the connection last stayed on (or went back to) TCP, by name
     # ("none" if it never did; "" without librsock).
@@ -30,9 +40,11 @@ def fallback_of(s):
     return name + (":peer %d" % (c >> 8) if c >> 8 else "")
 
 
-def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0, hold=None, why=None):
+def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0, hold=None, why=None,
+              counts=None):
     # Connects, sends `data` in chunks (sleeping after the first if asked, so
-    # that an upgrade lands mid-stream), half-closes and reads the echo to EOF
+    # that an upgrade lands mid-stream, then waiting while it is upgrading or
+    # switching back), half-closes and reads the echo to EOF
     # in a second thread; adds the transport seen after every send and every
     # receive to `seen`. True if the echo is exact.
     # hold=(arrived, go): no half-close; once the whole echo is back (and a
@@ -40,6 +52,7 @@ def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0, hold=Non
     # keep the connection open until the event `go` is set, so that the
     # caller can look at it (its QP) meanwhile.
     # why: a list; the connection's fallback reason is appended at the end.
+    # counts: a list; bytes_of() the connection is appended at the end.
     s = socket.create_connection((addr, port))
     got = bytearray()
 
@@ -58,6 +71,14 @@ def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0, hold=Non
         seen.add(transport_of(s))
         if off == 0 and pause_after_first:
             time.sleep(pause_after_first)
+            # Then until the connection settles (on RDMA, or on TCP for
+            # good), at most 20 s: a server that gets the connection across
+            # fork, exec or fd passing takes seconds to start up in the TCG
+            # guest (twelve at once), and the rest of the payload is what
+            # the tests' share of RDMA bytes is about.
+            end = time.time() + 20
+            while transport_of(s) in (1, 4) and time.time() < end:
+                time.sleep(0.05)
     if hold is None:
         s.shutdown(socket.SHUT_WR)
     t.join(120)
@@ -72,6 +93,8 @@ def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0, hold=Non
         hold[1].wait(120)
     if why is not None:
         why.append(fallback_of(s))
+    if counts is not None:
+        counts.append(bytes_of(s))
     s.close()
     return bytes(got) == data
 
@@ -121,19 +144,21 @@ def qp_owners():
     return owners
 
 
-def held_echoes(addr, port, conns, n):
+def held_echoes(addr, port, conns, n, counts=None):
     # `conns` concurrent echo_once() clients of n random bytes each (a 1 s
     # pause after the first 64 KiB, so the upgrade lands mid-stream), every
     # connection held open until all echoes are back; the RC QPs in RTS the
     # kernel lists then (qp_owners(), only when librsock is preloaded).
     # Returns (results, transports seen, fallback reasons, owners).
+    # counts: a list of per-connection lists, each given bytes_of() at the end.
     results, seen, whys = [None] * conns, [set() for _ in range(conns)], [[] for _ in range(conns)]
     arrived, go = threading.Semaphore(0), threading.Event()
 
     def client(i):
         try:
             results[i] = echo_once(addr, port, os.urandom(n), seen[i], chunk=65536,
-                                   pause_after_first=1, hold=(arrived, go), why=whys[i])
+                                   pause_after_first=1, hold=(arrived, go), why=whys[i],
+                                   counts=counts[i] if counts is not None else None)
         except Exception as e:  # noqa: BLE001
             results[i] = "error %r" % (e,)
             arrived.release()
@@ -150,7 +175,15 @@ def held_echoes(addr, port, conns, n):
     return results, seen, whys, owners
 
 
-def report_forked_server(name, results, seen, whys, owners, master):
+def rdma_share(counts):
+    # From held_echoes' counts: (share of the payload, both directions, at
+    # the clients, that went over RDMA; bytes in all; connections counted).
+    per = [c[0] for c in counts if c and c[0]]
+    total = sum(sum(b) for b in per)
+    return (sum(b[2] + b[3] for b in per) / total if total else 0.0), total, len(per)
+
+
+def report_forked_server(name, results, seen, whys, owners, master, counts=None):
     # Every echo exact; under librsock, every connection on RDMA and RC QPs
     # in RTS owned by more than one process other than the clients' and the
     # master's. Exit status for the test.
@@ -159,9 +192,10 @@ def report_forked_server(name, results, seen, whys, owners, master):
     good = sum(1 for r in results if r is True)
     rdma = sum(1 for s in seen if 2 in s)
     children = owners - {os.getpid(), master}
-    print("%s: %d/%d echoes exact, %d/%d connections on RDMA, forked children with RC QPs "
-          "in RTS: %d, master with RC QPs: %s"
-          % (name, good, conns, rdma, conns, len(children), master in owners))
+    share, total, counted = rdma_share(counts or [])
+    print("%s: %d/%d echoes exact, %d/%d connections on RDMA, %.1f %% of %d bytes over RDMA, "
+          "forked children with RC QPs in RTS: %d, master with RC QPs: %s"
+          % (name, good, conns, rdma, conns, 100 * share, total, len(children), master in owners))
     for i in range(conns):
         if results[i] is not True or (preloaded and 2 not in seen[i]):
             print("  connection %d: result %s, transports %s, fallback reason %s"
@@ -171,6 +205,10 @@ def report_forked_server(name, results, seen, whys, owners, master):
         return 1
     if preloaded and (rdma != conns or len(children) < 2 or master in owners):
         print("FAIL: every connection must reach RDMA in the child serving it")
+        return 1
+    if preloaded and counts is not None and (counted != conns or share < 0.9):
+        print("FAIL: at least 90 %% of the payload must go over RDMA (%d connections counted)"
+              % counted)
         return 1
     print("%s: PASS" % name)
     return 0

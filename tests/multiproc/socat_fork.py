@@ -3,7 +3,7 @@
 # server: `socat TCP-LISTEN:PORT,fork,reuseaddr EXEC:cat` accepts, forks a
 # child per connection, which forks and execs cat on a socketpair and relays
 # between the connection and cat. Run preloaded in the RDMA VM (ctest sets
-# LD_PRELOAD; socat inherits it): 12 concurrent clients of 256 KiB each, all
+# LD_PRELOAD; socat inherits it): 12 concurrent clients of 2 MiB each, all
 # echoes checked, each connection held open until every echo is back. Under
 # librsock every connection must reach RDMA in the socat child that serves it
 # (docs/DESIGN.md, "Upgrading again in the new owner"), with RC QPs in RTS
@@ -22,7 +22,7 @@ skip_unless_rdma(ADDR)
 if shutil.which("socat") is None:
     print("SKIP: no socat")
     sys.exit(77)
-CONNS, N = 12, 256 * 1024
+CONNS, N = 12, 2 * 1024 * 1024
 
 probe = socket.socket()
 probe.bind((ADDR, 0))
@@ -41,8 +41,9 @@ else:
     srv.kill()
     sys.exit(1)
 
-results, seen, whys, owners = held_echoes(ADDR, port, CONNS, N)
+counts = [[] for _ in range(CONNS)]
+results, seen, whys, owners = held_echoes(ADDR, port, CONNS, N, counts)
 srv.send_signal(signal.SIGTERM)
 srv.wait(30)
 sys.exit(report_forked_server("socat_exec" if NOFORK else "socat_fork", results, seen, whys,
-                              owners, srv.pid))
+                              owners, srv.pid, counts))

@@ -84,6 +84,11 @@ for v in "" --master-exits --reuseport-each; do
   LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=20000 RSOCK_RESOLVE_TIMEOUT_MS=5000 python3 $SRC/tests/multiproc/prefork.py 10.77.0.1 \$v > pf.log 2>&1 || { report pf.log; echo "FAIL: multiproc prefork \$v"; rc=1; }
   grep -h "^prefork" pf.log
 done
+# A listening socket inherited across exec: two exec'd servers join the
+# launcher's listener through the port's named table, are redirected, and
+# one takes it over when the launcher exits.
+LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=20000 RSOCK_RESOLVE_TIMEOUT_MS=5000 python3 $SRC/tests/multiproc/inherited_listener.py 10.77.0.1 --fork-exec-exits > il.log 2>&1 || { report il.log; echo "FAIL: multiproc inherited_listener"; rc=1; }
+grep -h "^inherited_listener" il.log
 # Hostile peers against the transport, itself built with the sanitizers.
 for c in hostile foreign_rkey; do
   $B/tests/rdma/rsock_transport_vmtest \$c > tr.log 2>&1 || { report tr.log; echo "FAIL: transport \$c"; rc=1; }
