@@ -19,6 +19,7 @@
 #include "socket/fd_table.h"
 #include "socket/rendezvous.h"
 #include "socket/socket.h"
+#include "util/log.h"
 #include "util/sys.h"
 
 namespace rsock::socket {
@@ -51,6 +52,8 @@ void adopt_one(int fd) {
   SocketRef s(new_socket(domain, Role::kListener, fl >= 0 && (fl & O_NONBLOCK)));
   if (!s) return;
   t->install(fd, s.get());
+  LOG_INFO("fd %d: a TCP listening socket inherited across exec; serving its rdma_cm side as "
+           "listen() would", fd);
   listener_started(s.get(), fd, /*across_exec=*/true);
   s->upgrade_decided.store(true, std::memory_order_release);
 }

@@ -424,6 +424,16 @@ TEST_CASE("exit: a child writes 1 MiB, closes and calls _exit; the peer reads ev
   CHECK(eof);
 }
 
+// c reads to EOF, and the child `pid` exits with status 0.
+static void eof_then_child_exit0(int c, pid_t pid) {
+  bool eof = false;
+  read_to_eof(c, nullptr, &eof);
+  CHECK(eof);
+  int status = wait_child(pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
 TEST_CASE("fork: a child accepting on an inherited listener (preforking server)") {
   Listener l = make_listener();
   pid_t pid = fork();
@@ -445,12 +455,7 @@ TEST_CASE("fork: a child accepting on an inherited listener (preforking server)"
   char b[4];
   CHECK(read_exact(c, b, 4) == 4);
   CHECK(memcmp(b, "echo", 4) == 0);
-  bool eof = false;
-  read_to_eof(c, nullptr, &eof);
-  CHECK(eof);
-  int status = wait_child(pid);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+  eof_then_child_exit0(c, pid);
 }
 
 TEST_CASE("exec: a connected socket survives exec; FD_CLOEXEC ones do not") {
@@ -503,6 +508,41 @@ TEST_CASE("exec: a connected socket survives exec; FD_CLOEXEC ones do not") {
   CHECK(WEXITSTATUS(status) == 0);
 }
 
+// An exec'd child echoes on connection c (its client end here): numbers
+// until the connection is on RDMA (when the run expects it), then 256 KiB of
+// pattern `seed` both ways at once, then back to TCP, EOF both ways, and the
+// child's exit status 0.
+static void echo_through_exec_child(int c, pid_t pid, int seed) {
+  int64_t end = now_ms() + 20000;
+  uint32_t n = 0;
+  do {
+    n++;
+    REQUIRE(write_all(c, &n, sizeof n) == sizeof n);
+    uint32_t got = 0;
+    REQUIRE(read_exact(c, &got, sizeof got) == sizeof got);
+    REQUIRE(got == n);
+    if (!expect_rdma() || transport_of(c) == RSOCK_TRANSPORT_RDMA) break;
+    usleep(20000);
+  } while (now_ms() < end);
+  if (expect_rdma()) CHECK(transport_of(c) == RSOCK_TRANSPORT_RDMA);
+  static char big[256 * 1024];
+  fill_pattern(big, sizeof big, 0, seed);
+  std::thread w([&] { CHECK(write_all(c, big, sizeof big) == sizeof big); });
+  std::string back;
+  back.resize(sizeof big);
+  CHECK(read_exact(c, back.data(), sizeof big) == sizeof big);
+  w.join();
+  CHECK(check_pattern(back.data(), back.size(), 0, seed) == back.size());
+  // Back to TCP before the child exits: its exit hands an RDMA connection
+  // off (progress_at_exit), which this end may see as a failed path first
+  // (path_failed, which the suite's summary check does not allow). Without
+  // librsock the option is unknown, and ignored here.
+  int one = 1;
+  (void)setsockopt(c, SOL_RSOCK, RSOCK_REVERT, &one, sizeof one);
+  REQUIRE(shutdown(c, SHUT_WR) == 0);
+  eof_then_child_exit0(c, pid);
+}
+
 // inetd style with an unmodified program: the server forks, the child makes
 // the connection its stdin and stdout and execs cat; the parent closes its
 // copy and keeps the listening socket. cat's image takes the socket in at
@@ -524,39 +564,7 @@ TEST_CASE("exec: a child execs cat on its inherited connection; the echo goes on
     _exit(127);
   }
   REQUIRE(p.server.reset() == 0);
-  int64_t end = now_ms() + 20000;
-  uint32_t n = 0;
-  do {
-    n++;
-    REQUIRE(write_all(p.client, &n, sizeof n) == sizeof n);
-    uint32_t got = 0;
-    REQUIRE(read_exact(p.client, &got, sizeof got) == sizeof got);
-    REQUIRE(got == n);
-    if (!expect_rdma() || transport_of(p.client) == RSOCK_TRANSPORT_RDMA) break;
-    usleep(20000);
-  } while (now_ms() < end);
-  if (expect_rdma()) CHECK(transport_of(p.client) == RSOCK_TRANSPORT_RDMA);
-  static char big[256 * 1024];
-  fill_pattern(big, sizeof big, 0, 5);
-  std::thread w([&] { CHECK(write_all(p.client, big, sizeof big) == sizeof big); });
-  std::string back;
-  back.resize(sizeof big);
-  CHECK(read_exact(p.client, back.data(), sizeof big) == sizeof big);
-  w.join();
-  CHECK(check_pattern(back.data(), back.size(), 0, 5) == back.size());
-  // Back to TCP before cat exits: its exit hands an RDMA connection off
-  // (progress_at_exit), which this end may see as a failed path first
-  // (path_failed, which the suite's summary check does not allow). Without
-  // librsock the option is unknown, and ignored here.
-  int one = 1;
-  (void)setsockopt(p.client, SOL_RSOCK, RSOCK_REVERT, &one, sizeof one);
-  REQUIRE(shutdown(p.client, SHUT_WR) == 0);
-  bool eof = false;
-  read_to_eof(p.client, nullptr, &eof);
-  CHECK(eof);
-  int status = wait_child(pid);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+  echo_through_exec_child(p.client, pid, 5);
 }
 
 // A listening socket inherited across exec (systemd's socket activation, a
@@ -581,36 +589,7 @@ TEST_CASE("exec: a child execs a server on the listening socket it inherits; its
   REQUIRE(l.fd.reset() == 0);
   Fd c(socket(l.addr.ss_family, SOCK_STREAM, 0));
   REQUIRE(connect(c, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0);
-  int64_t end = now_ms() + 20000;
-  uint32_t n = 0;
-  do {
-    n++;
-    REQUIRE(write_all(c, &n, sizeof n) == sizeof n);
-    uint32_t got = 0;
-    REQUIRE(read_exact(c, &got, sizeof got) == sizeof got);
-    REQUIRE(got == n);
-    if (!expect_rdma() || transport_of(c) == RSOCK_TRANSPORT_RDMA) break;
-    usleep(20000);
-  } while (now_ms() < end);
-  if (expect_rdma()) CHECK(transport_of(c) == RSOCK_TRANSPORT_RDMA);
-  static char big[256 * 1024];
-  fill_pattern(big, sizeof big, 0, 9);
-  std::thread w([&] { CHECK(write_all(c, big, sizeof big) == sizeof big); });
-  std::string back;
-  back.resize(sizeof big);
-  CHECK(read_exact(c, back.data(), sizeof big) == sizeof big);
-  w.join();
-  CHECK(check_pattern(back.data(), back.size(), 0, 9) == back.size());
-  // (Back to TCP before the server exits, as in the cat case above.)
-  int one = 1;
-  (void)setsockopt(c, SOL_RSOCK, RSOCK_REVERT, &one, sizeof one);
-  REQUIRE(shutdown(c, SHUT_WR) == 0);
-  bool eof = false;
-  read_to_eof(c, nullptr, &eof);
-  CHECK(eof);
-  int status = wait_child(pid);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+  echo_through_exec_child(c, pid, 9);
 }
 
 // The inetd shape: a child execs a program that writes to the connection it

@@ -27,7 +27,7 @@
 import os, signal, subprocess, sys, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rdma_env import held_echoes, skip_unless_rdma  # noqa: E402
+from rdma_env import echo_to_eof, held_echoes, skip_unless_rdma  # noqa: E402
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MODE = sys.argv[2] if len(sys.argv) > 2 else "--plain-launcher"
@@ -36,18 +36,11 @@ import socket  # noqa: E402
 
 
 def serve_forever(srv, tag):
-    def serve(c):
-        with c:
-            while True:
-                b = c.recv(65536)
-                if not b:
-                    break
-                c.sendall(b)
     with open(tag + ".pids", "a") as f:
         f.write("%d\n" % os.getpid())
     while True:
         c, _ = srv.accept()
-        threading.Thread(target=serve, args=(c,), daemon=True).start()
+        threading.Thread(target=echo_to_eof, args=(c,), daemon=True).start()
 
 
 KEEP = []

@@ -27,7 +27,7 @@
 # thread group) and none owned by the master.
 import os, signal, socket, subprocess, sys, threading, time
 
-from rdma_env import held_echoes, rdma_share, skip_unless_rdma
+from rdma_env import echo_to_eof, held_echoes, rdma_share, skip_unless_rdma
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MASTER_EXITS = "--master-exits" in sys.argv
@@ -56,12 +56,7 @@ def worker(srv, ready=None):
         srv.listen(64)
         os.write(ready, b"r")
     def serve(c):
-        with c:
-            while True:
-                b = c.recv(65536)
-                if not b:
-                    break
-                c.sendall(b)
+        echo_to_eof(c)
         with open("%s.served.%d" % (tag, os.getpid()), "a") as f:
             f.write("1\n")
 

@@ -99,6 +99,16 @@ def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0, hold=Non
     return bytes(got) == data
 
 
+def echo_to_eof(c):
+    # A server's side of one connection: every byte back until EOF.
+    with c:
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            c.sendall(b)
+
+
 def skip_unless_rdma(addr):
     if not os.path.isdir("/sys/class/infiniband") or not os.listdir("/sys/class/infiniband"):
         print("SKIP: no RDMA device")
