@@ -5,6 +5,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <cerrno>
 #include <signal.h>
@@ -106,9 +107,19 @@ struct WatchdogListener : doctest::IReporter {
 REGISTER_LISTENER("rsock_watchdog", 1, WatchdogListener);
 
 // The program a conformance case execs to serve on a listening socket it
-// inherits as fd 3 (test_process.cc): accepts one connection and echoes it
-// to EOF. Exit status: 0 served, 2 accept failed, 3 I/O failed.
+// inherits as fd 3 (test_process.cc): first checks that its new socket and
+// file get the lowest free numbers (librsock adopts the listener and opens
+// its RDMA side while this image starts), then accepts one connection and
+// echoes it to EOF. Exit status: 0 served, 2 accept failed, 3 I/O failed,
+// 5 a number was taken.
 static int accept_echo_fd3() {
+  for (int i = 0; i < 2; i++) {
+    int low = fcntl(0, F_DUPFD, 0);
+    if (low < 0 || close(low) != 0) return 5;
+    int fd = i == 0 ? socket(AF_INET, SOCK_STREAM, 0) : open("/dev/null", O_RDONLY);
+    if (fd != low) return 5;
+    close(fd);
+  }
   int c = accept(3, nullptr, nullptr);
   if (c < 0) return 2;
   close(3);

@@ -575,7 +575,9 @@ TEST_CASE("exec: a child execs cat on its inherited connection; the echo goes on
 // parent's rdma_cm listener, lingering after its close, redirects the
 // request to it (docs/DESIGN.md, "Listeners inherited across exec"): the
 // echo ends on RDMA, every byte in order. (It stayed on TCP before: nothing
-// served the exec'd program's connections.)
+// served the exec'd program's connections.) The exec'd program also checks
+// that its first socket and file take the lowest free numbers, although
+// librsock opened the listener's RDMA side while the image started.
 TEST_CASE("exec: a child execs a server on the listening socket it inherits; its connection goes onto RDMA") {
   Listener l = make_listener();
   pid_t pid = fork();
