@@ -31,15 +31,8 @@ void track_new(int fd, int domain, Role role, bool nonblocking) {
 // Listening sockets inherited across exec (or created before we were loaded)
 // are adopted at their first accept, so their connections are tracked too.
 static socket::SocketRef adopt_listener(int fd) {
-  int domain = 0, type = 0, proto = 0;
-  socklen_t len = sizeof domain;
-  if (real().getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0) return {};
-  if (domain != AF_INET && domain != AF_INET6) return {};
-  len = sizeof type;
-  if (real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0) return {};
-  len = sizeof proto;
-  if (real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) != 0) return {};
-  if (!socket::is_tracked_kind(domain, type, proto)) return {};
+  int domain = socket::tracked_domain(fd);
+  if (domain == 0) return {};
   track_new(fd, domain, Role::kListener, false);
   return socket::lookup(fd);
 }
@@ -52,19 +45,10 @@ void adopt_received_fds(const struct msghdr* m) {
     for (size_t i = 0; i < n; i++) {
       int fd;
       std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      int domain = 0, type = 0, proto = 0, listening = 0;
-      socklen_t len = sizeof domain;
-      bool sock = real().getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 &&
-                  (domain == AF_INET || domain == AF_INET6);
-      if (sock) {
-        len = sizeof type;
-        sock = real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0;
-        len = sizeof proto;
-        sock = sock && real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) == 0;
-        len = sizeof listening;
-        sock = sock && real().getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0;
-      }
-      if (!sock || !socket::is_tracked_kind(domain, type, proto)) {
+      int domain = socket::tracked_domain(fd), listening = 0;
+      socklen_t len = sizeof listening;
+      if (domain == 0 ||
+          real().getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0) {
         forget(fd);  // a stale slot from a close we could not see
         continue;
       }

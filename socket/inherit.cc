@@ -12,7 +12,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -26,21 +25,15 @@ namespace rsock::socket {
 
 namespace {
 
-// A TCP socket in the listening state: its domain, 0 otherwise.
+// A TCP socket in the listening state: its domain, 0 otherwise. (The first
+// getsockopt fails with ENOTSOCK for a non-socket: one syscall per fd that
+// is not a listening socket.)
 int listening_tcp(int fd) {
-  struct stat sb{};
-  if (fstat(fd, &sb) != 0 || !S_ISSOCK(sb.st_mode)) return 0;
-  int listening = 0, domain = 0, type = 0, proto = 0;
+  int listening = 0;
   socklen_t len = sizeof listening;
   if (sys::libc.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening)
     return 0;
-  len = sizeof domain;
-  if (sys::libc.getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0) return 0;
-  len = sizeof type;
-  if (sys::libc.getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0) return 0;
-  len = sizeof proto;
-  if (sys::libc.getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) != 0) return 0;
-  return is_tracked_kind(domain, type, proto) ? domain : 0;
+  return tracked_domain(fd);
 }
 
 void adopt_one(int fd) {
@@ -63,8 +56,8 @@ void adopt_one(int fd) {
 void adopt_inherited_listeners() {
   // The fds open at image start, from /proc/self/fd (raw syscalls: no
   // allocation, nothing hooked; the directory's own fd is skipped). Four
-  // syscalls plus an fstat per inherited fd (usually three: stdin, stdout,
-  // stderr). No /proc: nothing is adopted.
+  // syscalls plus a getsockopt per inherited fd (usually three: stdin,
+  // stdout, stderr). No /proc: nothing is adopted.
   int dir = int(syscall(SYS_openat, AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir < 0) return;
   alignas(8) char buf[1024];

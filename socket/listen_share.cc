@@ -55,11 +55,14 @@ bool ip16(const sockaddr* a, uint64_t* hi, uint64_t* lo) {
 struct Table {
   Slot slots[kSlots];
   std::atomic<int32_t> owner_pid;
-  // Set by a process that execs with the listening socket kept open: its
-  // new image may publish in the port's named table (open_group). In the
-  // padding after owner_pid, so named tables keep their size.
+  // kExecMarked: set by a process that execs with the listening socket
+  // kept open, whose new image may publish in the port's named table
+  // (open_group). kIsNamed: this is a named table (every open_group says
+  // so), which such an image finds by itself: never marked. In the padding
+  // after owner_pid, so named tables keep their size.
   std::atomic<int32_t> exec_named;
 };
+constexpr int32_t kExecMarked = 1, kIsNamed = 2;
 static_assert(sizeof(Table) == kSlots * sizeof(Slot) + 8, "the named tables' size");
 
 Table* create() {
@@ -74,7 +77,9 @@ Table* open_group(const sockaddr* addr, uint16_t port) {
   char name[96];
   snprintf(name, sizeof name, "/librsock-rp-%u-%016llx%016llx-%u", unsigned(geteuid()),
            (unsigned long long)hi, (unsigned long long)lo, unsigned(port));
-  return static_cast<Table*>(sys::map_user_shm(name, sizeof(Table)));
+  auto* t = static_cast<Table*>(sys::map_user_shm(name, sizeof(Table)));
+  if (t) t->exec_named.store(kIsNamed, std::memory_order_release);
+  return t;
 }
 
 Table* open_passed() {
@@ -150,11 +155,13 @@ void set_owner(Table* t, int32_t pid) {
 }
 
 void mark_exec(Table* t) {
-  if (t != nullptr) t->exec_named.store(1, std::memory_order_release);
+  int32_t none = 0;
+  if (t != nullptr)
+    t->exec_named.compare_exchange_strong(none, kExecMarked, std::memory_order_acq_rel);
 }
 
 bool exec_marked(const Table* t) {
-  return t != nullptr && t->exec_named.load(std::memory_order_acquire) != 0;
+  return t != nullptr && t->exec_named.load(std::memory_order_acquire) == kExecMarked;
 }
 
 int32_t owner(const Table* t) {

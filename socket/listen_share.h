@@ -68,8 +68,9 @@ int32_t owner(const Table* t);
 // inherited across exec"): the image after an exec shares no memory with
 // the owner, so it joins through the port's named table (open_group) even
 // without SO_REUSEPORT. The process that execs marks the owner's table
-// (mark_exec); an owner whose table is marked also looks in the named one
-// for connections it did not accept.
+// (mark_exec; a named table is never marked: it is the one the new image
+// finds); an owner whose table is marked also looks in the named one for
+// connections it did not accept.
 void mark_exec(Table* t);
 bool exec_marked(const Table* t);
 

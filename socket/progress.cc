@@ -459,14 +459,14 @@ bool try_redirect(transport::IncomingRequest& req, transport::Listener* via,
 listen_share::Table* named_share(ListenerEntry& l) {
   if (l.named || !listen_share::exec_marked(l.share)) return l.named;
   l.named = listen_share::open_group(reinterpret_cast<const sockaddr*>(&l.addr), l.tcp_port);
-  if (l.named && l.named != l.share) listen_share::set_owner(l.named, int32_t(getpid()));
+  listen_share::set_owner(l.named, int32_t(getpid()));
   return l.named;
 }
 
 bool try_redirect_named(transport::IncomingRequest& req, transport::Listener* via, uint64_t now) {
   ListenerEntry* l = entry_of(via);
   listen_share::Table* t = l ? named_share(*l) : nullptr;
-  return t != nullptr && t != l->share && try_redirect(req, via, t, now);
+  return t != nullptr && try_redirect(req, via, t, now);
 }
 
 void service_listeners(uint64_t now) {
@@ -563,8 +563,7 @@ void drop_listener(size_t i) {
   if (share && !g_listeners[i].alias && listen_share::owner(share) == int32_t(getpid()))
     listen_share::set_owner(share, 0);
   auto* named = g_listeners[i].named;
-  if (named && named != share && listen_share::owner(named) == int32_t(getpid()))
-    listen_share::set_owner(named, 0);
+  if (named && listen_share::owner(named) == int32_t(getpid())) listen_share::set_owner(named, 0);
   g_listeners.erase(g_listeners.begin() + long(i));
 }
 
@@ -1787,6 +1786,7 @@ void progress_before_exec(bool replaces) {
   for (auto& il : g_inherited_listeners) {
     if (il.share == nullptr || closes_on_exec(il.socket)) continue;
     listen_share::mark_exec(il.share);
+    if (!listen_share::exec_marked(il.share)) continue;  // a named table already
     if (!il.named)
       il.named = listen_share::open_group(reinterpret_cast<const sockaddr*>(&il.addr), il.tcp_port);
     if (il.named && listen_share::owner(il.share) > 0)

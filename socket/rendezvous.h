@@ -36,8 +36,8 @@ void adopt_after_exec();
 // At startup, after adopt_after_exec: every TCP listening socket the image
 // inherited and nobody tracks yet (systemd socket activation, a master that
 // forks and execs its workers, a re-exec) is tracked as a listener and its
-// rdma_cm side started, as listen() would (socket/inherit.cc). An fstat per
-// open fd.
+// rdma_cm side started, as listen() would (socket/inherit.cc). A
+// getsockopt per open fd.
 void adopt_inherited_listeners();
 // listen() succeeded on a tracked socket: open its rdma_cm listener if the
 // config allows RDMA for it. `across_exec`: a listening socket this image

@@ -21,6 +21,19 @@ bool is_tracked_kind(int domain, int type, int protocol) {
   return protocol == 0 || protocol == IPPROTO_TCP;
 }
 
+int tracked_domain(int fd) {
+  int domain = 0, type = 0, proto = 0;
+  socklen_t len = sizeof domain;
+  if (sys::libc.getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0 ||
+      (domain != AF_INET && domain != AF_INET6))
+    return 0;
+  len = sizeof type;
+  if (sys::libc.getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0) return 0;
+  len = sizeof proto;
+  if (sys::libc.getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) != 0) return 0;
+  return is_tracked_kind(domain, type, proto) ? domain : 0;
+}
+
 void Socket::init(int domain, Role role, bool nonblocking) {
   domain_ = domain;
   role_.store(role, std::memory_order_relaxed);

@@ -130,5 +130,10 @@ class Socket {
 // Whether (domain, type, protocol) from socket() is something librsock tracks:
 // TCP stream sockets only; UDP, UNIX, raw, SCTP... go straight to the kernel.
 bool is_tracked_kind(int domain, int type, int protocol);
+// The same for an open fd (a socket we did not see created: inherited
+// across exec, received with SCM_RIGHTS): its domain if it is one librsock
+// tracks, 0 otherwise. One getsockopt for a non-socket or a non-IP socket,
+// three for a TCP one.
+int tracked_domain(int fd);
 
 }  // namespace rsock::socket

@@ -27,7 +27,7 @@
 import os, signal, subprocess, sys, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rdma_env import echo_to_eof, held_echoes, skip_unless_rdma  # noqa: E402
+from rdma_env import echo_to_eof, held_echoes, skip_unless_rdma, tally  # noqa: E402
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MODE = sys.argv[2] if len(sys.argv) > 2 else "--plain-launcher"
@@ -138,14 +138,9 @@ try:
     os.unlink(tag + ".pids")
 except OSError:
     pass
-ok = sum(1 for x in results if x is True)
-rdma = sum(1 for s in seen if 2 in s)
 serving_owners = owners & servers
-# Of the payload, both directions, at the clients: the share that went over RDMA.
-per = [c[0] for c in counts if c and c[0]]
-rdma_bytes = sum(b[2] + b[3] for b in per)
-all_bytes = sum(sum(b) for b in per)
-share = rdma_bytes / all_bytes if all_bytes else 0.0
+# (share: of the payload, both directions, at the clients, what went over RDMA)
+ok, rdma, share, all_bytes, counted = tally(results, seen, counts)
 print("inherited_listener %s: %d/%d echoes exact, %d/%d connections on RDMA, %.1f %% of %d "
       "bytes over RDMA, servers %d, servers with RC QPs in RTS: %d, launcher with RC QPs: %s"
       % (MODE, ok, CONNS, rdma, CONNS, 100 * share, all_bytes, len(servers), len(serving_owners),
@@ -155,6 +150,6 @@ for i in range(CONNS):
         print("  connection %d: result %s, transports %s, fallback reason %s"
               % (i, results[i], sorted(seen[i]), ",".join(whys[i]) or "?"))
 good = ok == CONNS and rdma == CONNS and len(serving_owners) >= 1 and \
-    not (launcher in owners and not launcher_serves) and len(per) == CONNS and share >= 0.9
+    not (launcher in owners and not launcher_serves) and counted == CONNS and share >= 0.9
 print("inherited_listener %s: %s" % (MODE, "PASS" if good else "FAIL"))
 sys.exit(0 if good else 1)

@@ -27,7 +27,7 @@
 # thread group) and none owned by the master.
 import os, signal, socket, subprocess, sys, threading, time
 
-from rdma_env import echo_to_eof, held_echoes, rdma_share, skip_unless_rdma
+from rdma_env import echo_to_eof, held_echoes, skip_unless_rdma, tally
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MASTER_EXITS = "--master-exits" in sys.argv
@@ -163,10 +163,8 @@ for name in os.listdir("/tmp"):
     elif path.startswith(tag + ".served."):
         served[name.rsplit(".", 1)[1]] = len(open(path).read().split())
         os.unlink(path)
-ok = sum(1 for x in results if x is True)
-rdma = sum(1 for t in transports if 2 in t)
 qp_workers = qp_seen & worker_pids
-share, total, counted = rdma_share(counts)
+ok, rdma, share, total, counted = tally(results, transports, counts)
 print("prefork%s: %d/%d echoes exact, %d/%d connections on RDMA, %.1f %% of %d bytes over RDMA, "
       "served per worker %s, workers with RC QPs in RTS: %d, master with RC QPs: %s"
       % (" (master exited)" if MASTER_EXITS else " (master closed its socket)" if MASTER_CLOSES else " (SO_REUSEPORT)" if REUSEPORT else

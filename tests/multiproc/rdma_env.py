@@ -193,16 +193,21 @@ def rdma_share(counts):
     return (sum(b[2] + b[3] for b in per) / total if total else 0.0), total, len(per)
 
 
+def tally(results, seen, counts):
+    # From held_echoes: (exact echoes, connections seen on RDMA, and
+    # rdma_share(counts)).
+    return (sum(1 for r in results if r is True), sum(1 for s in seen if 2 in s)) + \
+        rdma_share(counts or [])
+
+
 def report_forked_server(name, results, seen, whys, owners, master, counts=None):
     # Every echo exact; under librsock, every connection on RDMA and RC QPs
     # in RTS owned by more than one process other than the clients' and the
     # master's. Exit status for the test.
     conns = len(results)
     preloaded = "librsock" in os.environ.get("LD_PRELOAD", "")
-    good = sum(1 for r in results if r is True)
-    rdma = sum(1 for s in seen if 2 in s)
+    good, rdma, share, total, counted = tally(results, seen, counts)
     children = owners - {os.getpid(), master}
-    share, total, counted = rdma_share(counts or [])
     print("%s: %d/%d echoes exact, %d/%d connections on RDMA, %.1f %% of %d bytes over RDMA, "
           "forked children with RC QPs in RTS: %d, master with RC QPs: %s"
           % (name, good, conns, rdma, conns, 100 * share, total, len(children), master in owners))
