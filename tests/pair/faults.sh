@@ -19,11 +19,12 @@
 #   loss         netem 2 % loss on the client's link once on RDMA: the port's
 #                sequence-error counters must send the connection back to
 #                TCP (fallback reason lossy_path), where it finishes
-#   delay        netem 2 ms delay on the client's link once on RDMA (either
-#                path may finish it); plain_loss, plain_delay: loss or delay
-#                without librsock (kernel TCP), the fault 0.5 s into the
-#                stream. delay and plain_* are for the figures in
-#                docs/PERFORMANCE.md, not in ctest.
+#   delay        netem 2 ms delay on the client's link once on RDMA: every
+#                byte must arrive (either path may finish it: a 2 ms wire
+#                is slower, not broken); plain_loss, plain_delay: loss or
+#                delay without librsock (kernel TCP), the fault 0.5 s into
+#                the stream, for the figures in docs/PERFORMANCE.md (not in
+#                ctest).
 #   flap_close   the server writes 256 KiB and closes at once while the
 #                client's link is down for 3 s: the bytes sit unacknowledged
 #                in a connection lingering after close() whose RDMA path
