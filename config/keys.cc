@@ -28,6 +28,7 @@ const KeySpec kKeys[] = {
     // Ranges the transport accepts (transport/connection.cc, wire.h).
     {"send_queue_depth", KeyKind::kUint, &Tunables::send_queue_depth, nullptr, 8, 4096},
     {"recv_slots", KeyKind::kUint, &Tunables::recv_slots, nullptr, 4, 1024},
+    {"kit_pool", KeyKind::kUint, &Tunables::kit_pool, nullptr, 0, 16},  // kit_pool::kMaxIdle
     {"upgrade_timeout_ms", KeyKind::kUint, &Tunables::upgrade_timeout_ms, nullptr, 1, 600000},
     {"upgrade_delay_ms", KeyKind::kUint, &Tunables::upgrade_delay_ms, nullptr, 0, 60000},
     {"negative_cache_ttl_s", KeyKind::kUint, &Tunables::negative_cache_ttl_s, nullptr, 0, 86400},

@@ -38,6 +38,10 @@ struct Tunables {
   uint32_t lossy_path_ppm = 1000;
   uint32_t send_queue_depth = 128;    // send WRs per QP (data chunks, credits, control)
   uint32_t recv_slots = 64;           // receive WRs per QP; announced to the peer (4..1024)
+  // Closed connections' verbs resources (PD, CQ, QP, registered rings) kept
+  // for the next connections, at most this many per process
+  // (transport/kit_pool.h); 0 = destroy them at close.
+  uint32_t kit_pool = 16;
   // Upgrade (socket layer) ----------------------------------------------------
   uint32_t upgrade_timeout_ms = 2000; // whole TCP->RDMA rendezvous, then stay on TCP
   // A client starts its rendezvous this long after connect(), or once 64 KiB

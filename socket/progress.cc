@@ -41,6 +41,7 @@
 #include "transport/cq_hub.h"
 #include "transport/fds.h"
 #include "transport/listener.h"
+#include "transport/kit_pool.h"
 #include "transport/path_quality.h"
 #include "util/log.h"
 #include "util/no_destroy.h"
@@ -944,6 +945,9 @@ void* thread_main(void*) {
                          [](const ListenerEntry& e) { return e.closed_until_ns != 0; });
       timeout = wait_ms(busy, now_ns());
     }
+    // Closed connections' kits unused for a while give their pinned memory
+    // back (transport/kit_pool.h); outside g_mu, as they are verbs calls.
+    transport::kit_pool::trim(now_ns());
     awake.unlock();
     int n = sys::libc.epoll_wait(g_epfd, evs, 16, timeout);
     awake.lock();
@@ -1608,13 +1612,15 @@ void log_exit_summary() {
                              stats::fallback_reason_name(stats::FallbackReason(r)),
                              (unsigned long long)n));
   }
+  // kits_reused: connections whose verbs resources were a closed one's
+  // (transport/kit_pool.h).
   LOG_INFO("summary: connections=%llu upgraded=%llu fallbacks=%llu rdma_tx=%llu rdma_rx=%llu "
-           "tcp_tx=%llu tcp_rx=%llu (bytes: closed connections and live upgraded ones;"
-           " fallbacks:%s)",
+           "tcp_tx=%llu tcp_rx=%llu kits_reused=%llu (bytes: closed connections and live upgraded"
+           " ones; fallbacks:%s)",
            (unsigned long long)pc->conns_seen.load(), (unsigned long long)pc->conns_upgraded.load(),
            (unsigned long long)fallbacks, (unsigned long long)tx[kRdma],
            (unsigned long long)rx[kRdma], (unsigned long long)tx[kTcp], (unsigned long long)rx[kTcp],
-           off ? why : " none");
+           (unsigned long long)transport::kit_pool::reused(), off ? why : " none");
 }
 
 namespace {
@@ -1898,6 +1904,7 @@ void progress_after_fork_child() {
   tcp_hub::after_fork_child();
   transport::contexts_after_fork_child();
   transport::path_quality::after_fork_child();
+  transport::kit_pool::after_fork_child();
   thread_wake_after_fork_child();
   Registry* old = g_reg_ptr.load();
   Registry* fresh = new Registry();

@@ -194,24 +194,56 @@ Status<std::unique_ptr<Connection>> Connection::connect(const sockaddr* dst, con
   return c;
 }
 
-// PD per connection: the receive ring's rkey is then only valid on this
-// connection's QP, so a peer can write into its own connection's ring and
-// nowhere else (docs/TRANSPORT.md, "Isolation").
+// A closed connection's kit (kit_pool.h) if one fits, else a new one; then
+// a new QP in INIT with the receives posted.
 Status<void> Connection::create_resources() {
   if (id_->verbs == nullptr) return Err(ENODEV);
-  // The mappings first: past their budget nothing else is worth creating.
-  if (!maps_taken_) {
-    if (!pinned::take_maps()) return Err(EMFILE);
-    maps_taken_ = true;
-  }
   ibv_context* ctx = own_context(id_->verbs->device);
   if (ctx == nullptr) return Err(errno);
-  pd_ = ibv_alloc_pd(ctx);
-  if (pd_ == nullptr) return Err(errno ? errno : ENOMEM);
   // The context's one channel (cq_hub.h), not one of our own: no fd per
   // connection.
   comp_ch_ = cq_hub::channel(ctx);
   if (comp_ch_ == nullptr) return Err(errno ? errno : ENOMEM);
+  kit_pool::Kit k;
+  if (kit_pool::take(ctx, ring_bytes_, sq_depth_, recv_slots_, &k)) {
+    use_kit(k);
+    cq_hub::adopt(cq_, this);
+  } else if (auto s = make_kit(ctx); !s) {
+    return s;
+  }
+  if (auto s = create_qp(); !s) return s;
+  // Receives can be posted from INIT on.
+  if (auto s = qp_to(IBV_QPS_INIT); !s) return s;
+  sig_cover_.assign(sq_depth_, 0);
+  rx_.init(ring_bytes_, recv_slots_);
+  sring_.init(ring_bytes_);
+  rx_home_ = {rx_ring_, rx_mr_, ring_bytes_, rx_map_bytes_};
+  tx_home_ = {tx_mem_, tx_mr_, ring_bytes_, tx_map_bytes_};
+  last_data_ns_ = now_ns();
+  for (uint32_t i = 0; i < recv_slots_; ++i)
+    if (!post_recv(i)) return Err(errno ? errno : ENOMEM);
+  if (ibv_req_notify_cq(cq_, 0) != 0) return Err(errno ? errno : EIO);
+  cq_armed_ = true;
+  uint8_t tmo = wire::kAckTimeoutExp;
+  if (rdma_set_option(id_, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof tmo) != 0)
+    LOG_WARN("transport: cannot set ACK timeout (errno %d); dead peers are noticed late", errno);
+  return Ok();
+}
+
+// PD per connection (per kit): the receive ring's rkey is then only valid on
+// this connection's QP, so a peer can write into its own connection's ring
+// and nowhere else (docs/TRANSPORT.md, "Isolation").
+Status<void> Connection::make_kit(ibv_context* ctx) {
+  // The mappings first: past their budget nothing else is worth creating.
+  if (!maps_taken_) {
+    if (!pinned::take_maps()) {
+      kit_pool::trim(0, /*all=*/true);  // kept kits hold mappings too: theirs go first
+      if (!pinned::take_maps()) return Err(EMFILE);
+    }
+    maps_taken_ = true;
+  }
+  pd_ = ibv_alloc_pd(ctx);
+  if (pd_ == nullptr) return Err(errno ? errno : ENOMEM);
   cq_ = ibv_create_cq(ctx, static_cast<int>(sq_depth_ + recv_slots_ + 1), this, comp_ch_, 0);
   if (cq_ == nullptr) return Err(errno ? errno : ENOMEM);
 
@@ -221,7 +253,10 @@ Status<void> Connection::create_resources() {
   // The process's pinned-memory budget (transport/pinned.h): ENOBUFS tells
   // the socket layer that this is the memlock limit, not a broken device.
   uint64_t pin = rx_map_bytes_ + tx_map_bytes_ + rbuf_map_bytes_;
-  if (!pinned::reserve(pin)) return Err(ENOBUFS);
+  if (!pinned::reserve(pin)) {
+    kit_pool::trim(0, /*all=*/true);  // kept kits give their memory back first
+    if (!pinned::reserve(pin)) return Err(ENOBUFS);
+  }
   pinned_bytes_ = pin;
   rx_ring_ = map_bytes(rx_map_bytes_);
   tx_mem_ = map_bytes(tx_map_bytes_);
@@ -235,8 +270,10 @@ Status<void> Connection::create_resources() {
     if (errno == ENOMEM || errno == EAGAIN || errno == EPERM) return Err(ENOBUFS);
     return Err(errno ? errno : ENOMEM);
   }
+  return Ok();
+}
 
-  sig_cover_.assign(sq_depth_, 0);
+Status<void> Connection::create_qp() {
   ibv_qp_init_attr qa{};
   qa.send_cq = cq_;
   qa.recv_cq = cq_;
@@ -255,22 +292,61 @@ Status<void> Connection::create_resources() {
     if (qp_ == nullptr) return Err(errno ? errno : ENOMEM);
   }
   max_inline_ = qa.cap.max_inline_data;
-  // Receives can be posted from INIT on.
-  if (auto s = qp_to(IBV_QPS_INIT); !s) return s;
-
-  rx_.init(ring_bytes_, recv_slots_);
-  sring_.init(ring_bytes_);
-  rx_home_ = {rx_ring_, rx_mr_, ring_bytes_, rx_map_bytes_};
-  tx_home_ = {tx_mem_, tx_mr_, ring_bytes_, tx_map_bytes_};
-  last_data_ns_ = now_ns();
-  for (uint32_t i = 0; i < recv_slots_; ++i)
-    if (!post_recv(i)) return Err(errno ? errno : ENOMEM);
-  if (ibv_req_notify_cq(cq_, 0) != 0) return Err(errno ? errno : EIO);
-  cq_armed_ = true;
-  uint8_t tmo = wire::kAckTimeoutExp;
-  if (rdma_set_option(id_, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof tmo) != 0)
-    LOG_WARN("transport: cannot set ACK timeout (errno %d); dead peers are noticed late", errno);
   return Ok();
+}
+
+void Connection::use_kit(const kit_pool::Kit& k) {
+  pd_ = k.pd;
+  cq_ = k.cq;
+  rx_mr_ = k.rx_mr;
+  tx_mr_ = k.tx_mr;
+  rbuf_mr_ = k.rbuf_mr;
+  rx_ring_ = k.rx_ring;
+  tx_mem_ = k.tx_mem;
+  rbufs_ = k.rbufs;
+  rx_map_bytes_ = k.rx_map;
+  tx_map_bytes_ = k.tx_map;
+  rbuf_map_bytes_ = k.rbuf_map;
+  pinned_bytes_ = k.pinned;
+  maps_taken_ = k.maps;
+  from_pool_ = true;
+}
+
+kit_pool::Kit Connection::take_kit() {
+  kit_pool::Kit k;
+  k.ctx = cq_ ? cq_->context : nullptr;
+  k.pd = std::exchange(pd_, nullptr);
+  k.cq = std::exchange(cq_, nullptr);
+  k.rx_mr = std::exchange(rx_mr_, nullptr);
+  k.tx_mr = std::exchange(tx_mr_, nullptr);
+  k.rbuf_mr = std::exchange(rbuf_mr_, nullptr);
+  k.rx_ring = std::exchange(rx_ring_, nullptr);
+  k.tx_mem = std::exchange(tx_mem_, nullptr);
+  k.rbufs = std::exchange(rbufs_, nullptr);
+  k.rx_map = rx_map_bytes_;
+  k.tx_map = tx_map_bytes_;
+  k.rbuf_map = rbuf_map_bytes_;
+  k.ring_bytes = ring_bytes_;
+  k.sq_depth = sq_depth_;
+  k.recv_slots = recv_slots_;
+  k.pinned = std::exchange(pinned_bytes_, 0);
+  k.maps = std::exchange(maps_taken_, false);
+  return k;
+}
+
+// Whether a closing connection's kit (its QP already destroyed) can serve
+// another: complete, and its CQ drained, so that the next owner polls no
+// completion of ours (its poll_cq also drops any of another QP).
+bool Connection::drain_kit(kit_pool::Kit* k) {
+  if (!k->ctx || !k->pd || !k->cq || !k->rx_mr || !k->tx_mr || !k->rbuf_mr) return false;
+  cq_hub::forget(k->cq);
+  ibv_wc wc[16];
+  int n;
+  while ((n = ibv_poll_cq(k->cq, 16, wc)) > 0) {
+  }
+  if (n < 0) return false;
+  k->idle_since_ns = now_ns();
+  return true;
 }
 
 // rdma_cm computes the attributes of each transition (path, PSNs, MTU, the
@@ -530,8 +606,13 @@ Status<void> Connection::debug_post(ibv_wr_opcode op, uint32_t imm, uint32_t len
 }
 
 Status<void> Connection::debug_write_foreign(const Connection& other) {
-  if (!established() || !other.established()) return Err(ENOTCONN);
-  return debug_post(IBV_WR_RDMA_WRITE, 0, 8, other.peer_.ring_addr, other.peer_.ring_rkey);
+  if (!other.established()) return Err(ENOTCONN);
+  return debug_write_foreign(other.peer_.ring_addr, other.peer_.ring_rkey);
+}
+
+Status<void> Connection::debug_write_foreign(uint64_t ring_addr, uint32_t rkey) {
+  if (!established()) return Err(ENOTCONN);
+  return debug_post(IBV_WR_RDMA_WRITE, 0, 8, ring_addr, rkey);
 }
 
 Status<void> Connection::debug_post_raw(RawKind kind, uint32_t imm, const void* payload,
@@ -817,37 +898,25 @@ Status<void> Connection::wait(short events, int timeout_ms) {
 }
 
 void Connection::destroy_resources() {
+  free_seg(&rx_big_);  // a grown ring lives only while in use
+  free_seg(&tx_big_);
+  // The QP goes (a QP number must not serve its peer again within the CM's
+  // timewait); the rest of the kit goes to the pool for the next
+  // connection, or is destroyed. Either way no completion event reaches us
+  // after this (forget).
   if (qp_) {
     ibv_destroy_qp(qp_);
     qp_ = nullptr;
   }
-  if (cq_) {
-    cq_hub::forget(cq_);  // no event is delivered to us after this
-    ibv_destroy_cq(cq_);
-    cq_ = nullptr;
-  }
-  free_seg(&rx_big_);
-  free_seg(&tx_big_);
-  for (ibv_mr** mr : {&rx_mr_, &tx_mr_, &rbuf_mr_}) {
-    if (*mr) ibv_dereg_mr(*mr);
-    *mr = nullptr;
-  }
-  if (pd_) {
-    ibv_dealloc_pd(pd_);
-    pd_ = nullptr;
-  }
+  kit_pool::Kit k = take_kit();
+  if (tun_.kit_pool > 0 && drain_kit(&k) && kit_pool::give(k, tun_.kit_pool)) k = {};
+  kit_pool::destroy(&k);
   comp_ch_ = nullptr;  // the hub's
   if (id_) {
     cm_hub::forget(id_);  // no event is delivered to us after this
     guarded::rdma_destroy_id(id_);
     id_ = nullptr;
   }
-  if (rx_ring_) munmap(rx_ring_, rx_map_bytes_);
-  if (tx_mem_) munmap(tx_mem_, tx_map_bytes_);
-  if (rbufs_) munmap(rbufs_, rbuf_map_bytes_);
-  rx_ring_ = tx_mem_ = rbufs_ = nullptr;
-  pinned::release(std::exchange(pinned_bytes_, 0));
-  if (std::exchange(maps_taken_, false)) pinned::give_maps();
 }
 
 Connection::~Connection() {

@@ -31,9 +31,11 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "config/tunables.h"
+#include "transport/kit_pool.h"
 #include "transport/ring.h"
 #include "transport/pinned.h"
 #include "transport/wire.h"
@@ -243,6 +245,12 @@ class Connection {
   // target's device must refuse it (the rkey belongs to another PD): this
   // connection then fails with IBV_WC_REM_ACCESS_ERR (first_wc_error).
   Status<void> debug_write_foreign(const Connection& other);
+  // The same at a ring named by address and rkey: one a closed connection's
+  // peer had (debug_peer_ring), whose kit another connection now uses.
+  Status<void> debug_write_foreign(uint64_t ring_addr, uint32_t rkey);
+  std::pair<uint64_t, uint32_t> debug_peer_ring() const { return {peer_.ring_addr, peer_.ring_rkey}; }
+  // The resources came from a closed connection (kit_pool.h).
+  bool reused_kit() const { return from_pool_; }
   // Tests only (a hostile peer): posts one message outside every rule of the
   // data path, no credit or WR accounting: kind kSend is SEND_WITH_IMM of
   // `len` bytes of `payload`, kSendNoImm a SEND without immediate, kWrite
@@ -272,6 +280,11 @@ class Connection {
   void handle_queued_cm_events();
   void wait_fds(pollfd* out, int* n) const;
   Status<void> create_resources();
+  Status<void> make_kit(ibv_context* ctx);
+  Status<void> create_qp();
+  void use_kit(const kit_pool::Kit& k);
+  kit_pool::Kit take_kit();  // moves the kit out (nulls it here), not the QP
+  static bool drain_kit(kit_pool::Kit* k);
   void destroy_resources();
   void fill_setup(wire::SetupBlock* b, wire::SetupKind kind,
                   std::span<const std::byte> payload) const;
@@ -348,6 +361,7 @@ class Connection {
   uint32_t sq_depth_ = 0;
   uint32_t recv_slots_ = 0;
   uint32_t max_inline_ = 0;
+  bool from_pool_ = false;  // the resources are a closed connection's (kit_pool.h)
   uint32_t sq_outstanding_ = 0;  // posted send WRs not known complete
   uint64_t sq_seq_ = 0;
   // Most send WRs are posted unsignalled: a signalled one's completion

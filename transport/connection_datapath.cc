@@ -307,6 +307,9 @@ bool Connection::poll_cq() {
   ctr_.completions += uint64_t(n);
   for (int i = 0; i < n; ++i) {
     const ibv_wc& w = wc[i];
+    // A reused CQ (kit_pool.h) was drained when its last QP went, but a
+    // device may still deliver a completion of that QP: never ours.
+    if (w.qp_num != qp_->qp_num) [[unlikely]] continue;
     bool is_recv = (w.wr_id & kRecvTag) != 0;
     if (!is_recv) on_send_completion();
     if (w.status != IBV_WC_SUCCESS) {

@@ -195,6 +195,11 @@ void forget(ibv_cq* cq) {
   cq->cq_context = nullptr;
 }
 
+void adopt(ibv_cq* cq, void* owner) {
+  std::lock_guard lk(cm_hub::mu());
+  cq->cq_context = owner;
+}
+
 void after_fork_child() {
   // cm_hub::after_fork_child() renews the shared lock. The parent's channels
   // stay open unused (like its device contexts, fds.h: their CQs are the

@@ -80,6 +80,9 @@ bool end_sleep();
 
 // Under mu(): events of `cq` are acknowledged and dropped from now on.
 void forget(ibv_cq* cq);
+// Under mu(): events of `cq` (a pooled CQ a new connection takes,
+// kit_pool.h) are delivered to `owner` from now on.
+void adopt(ibv_cq* cq, void* owner);
 // In a fork child: the channels are the parent's (their CQs are the
 // parent's); forget them unread. The next channel() opens new ones.
 void after_fork_child();

@@ -15,6 +15,14 @@
 //       connection cost from background work left by earlier ones. Prints
 //       "connect_us n=N median=.. p99=.. avg=.. min=.. max=.." (microseconds),
 //       then the same for the connect() call alone ("connect_call_us ...").
+//   rsock_connect_bench upgrade ADDR PORT N [WARMUP]
+//       connection churn onto RDMA: N sequential connections, each pinging
+//       1 byte back and forth until librsock reports it on RDMA
+//       (getsockopt SOL_RSOCK RSOCK_TRANSPORT; run with upgrade_delay_ms 0),
+//       then closed. Prints "upgrade_us n=.. median=.." (connect() to on
+//       RDMA) and "upgrade_cpu_us per_conn=.." (this process's CPU per
+//       connection, progress thread included). Exits 1 if a connection is
+//       not on RDMA within 5 s.
 //   rsock_connect_bench pingpong ADDR PORT SIZE SECS [WARMUP_SECS]
 //       one connection, SIZE-byte messages echoed back, SECS seconds measured
 //       after WARMUP_SECS (default 1: librsock upgrades in the background).
@@ -41,6 +49,8 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+
+#include "librsock.h"
 
 namespace {
 
@@ -187,6 +197,56 @@ int client(const char* addr, int port, int n, int warmup, int gap_ms) {
   return 0;
 }
 
+double cpu_secs();
+
+int upgrade(const char* addr, int port, int n, int warmup) {
+  sockaddr_in a;
+  if (!make_addr(addr, port, &a) || n <= 0 || warmup < 0) {
+    fprintf(stderr, "rsock_connect_bench: bad arguments\n");
+    return 2;
+  }
+  std::vector<double> us;
+  double cpu0 = 0;
+  for (int i = 0; i < n + warmup; i++) {
+    if (i == warmup) cpu0 = cpu_secs();
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    auto t0 = Clock::now();
+    if (c < 0 || connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a)) {
+      perror("rsock_connect_bench: connect");
+      return 1;
+    }
+    for (;;) {
+      char b = 'x';
+      if (write(c, &b, 1) != 1 || read(c, &b, 1) != 1 || b != 'x') {
+        fprintf(stderr, "rsock_connect_bench: echo failed on connection %d\n", i);
+        return 1;
+      }
+      int t = -1;
+      socklen_t len = sizeof t;
+      if (getsockopt(c, SOL_RSOCK, RSOCK_TRANSPORT, &t, &len) != 0) {
+        fprintf(stderr, "rsock_connect_bench: not under librsock\n");
+        return 1;
+      }
+      if (t == RSOCK_TRANSPORT_RDMA) break;
+      if (secs_since(t0) > 5) {
+        fprintf(stderr, "rsock_connect_bench: connection %d not on RDMA after 5 s (transport %d)\n",
+                i, t);
+        return 1;
+      }
+    }
+    double dt = secs_since(t0) * 1e6;
+    close(c);
+    if (i >= warmup) us.push_back(dt);
+  }
+  double cpu = cpu_secs() - cpu0;
+  printf("upgrade_us ");
+  print_stats(us);
+  printf("upgrade_cpu_us per_conn=%.1f\n", cpu * 1e6 / n);
+  return 0;
+}
+
 // The one connection of the pingpong and stream modes: its fd, or -2 (bad
 // arguments) / -1 (connect failed), already reported.
 int open_measured(const char* addr, int port, size_t size, double secs) {
@@ -293,6 +353,8 @@ int main(int argc, char** argv) {
   if (argc >= 5 && argc <= 7 && !strcmp(argv[1], "client"))
     return client(argv[2], atoi(argv[3]), atoi(argv[4]), argc >= 6 ? atoi(argv[5]) : 5,
                   argc == 7 ? atoi(argv[6]) : 0);
+  if ((argc == 5 || argc == 6) && !strcmp(argv[1], "upgrade"))
+    return upgrade(argv[2], atoi(argv[3]), atoi(argv[4]), argc == 6 ? atoi(argv[5]) : 5);
   if ((argc == 6 || argc == 7) && !strcmp(argv[1], "pingpong"))
     return pingpong(argv[2], atoi(argv[3]), size_t(atol(argv[4])), atof(argv[5]),
                     argc == 7 ? atof(argv[6]) : 1.0);
@@ -302,6 +364,7 @@ int main(int argc, char** argv) {
   fprintf(stderr,
           "usage: rsock_connect_bench server ADDR PORT\n"
           "       rsock_connect_bench client ADDR PORT N [WARMUP [GAP_MS]]\n"
+          "       rsock_connect_bench upgrade ADDR PORT N [WARMUP]\n"
           "       rsock_connect_bench pingpong ADDR PORT SIZE SECS [WARMUP_SECS]\n"
           "       rsock_connect_bench stream ADDR PORT SIZE SECS [WARMUP_SECS]\n");
   return 2;

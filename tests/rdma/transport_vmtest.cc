@@ -1,6 +1,6 @@
 // Two-process tests of transport/ over Soft-RoCE (run inside tools/rxe-vm).
 //   rsock_transport_vmtest <case>
-// Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side keepalive stall noport reject foreign_rkey hostile ring_move
+// Cases: stream slowreader halfclose many bidir kill_reader_side kill_writer_side keepalive stall noport reject foreign_rkey hostile ring_move kit_reuse
 // Exit 77 with "SKIP: no RDMA device" when the host has no verbs device.
 #include <dirent.h>
 
@@ -361,6 +361,15 @@ int many_case() {
     conns.clear();  // orderly close of all: every QP must be gone afterwards
     int left = count_rc_qps(getpid());
     CHECK(left == 0, "%d RC QPs left after destroying every connection", left);
+    // Their kits: the pool keeps kMaxIdle of them (no memlock limit here)
+    // and gives every pinned byte back when trimmed.
+    CHECK(rt::kit_pool::idle() == rt::kit_pool::kMaxIdle, "%d kits pooled, want %d",
+          rt::kit_pool::idle(), rt::kit_pool::kMaxIdle);
+    CHECK(rt::pinned::in_use() > 0, "the pooled kits hold no pinned memory");
+    rt::kit_pool::trim(0, /*all=*/true);
+    CHECK(rt::kit_pool::idle() == 0 && rt::pinned::in_use() == 0,
+          "after trimming: %d kits, %llu bytes pinned", rt::kit_pool::idle(),
+          (unsigned long long)rt::pinned::in_use());
     log_line("many: all %d QPs released after %.2f s", kConns, secs_since(t0));
     return 0;
   };
@@ -814,6 +823,90 @@ int foreign_rkey_case() {
   return run_pair(server, client, tun, 120);
 }
 
+// ---------------------------------------------------------------- kit_reuse
+// Kits of closed connections serve the next ones (transport/kit_pool.h).
+// The client opens c1 and an attacker connection a; c1 streams and closes,
+// and on the server its kit (PD, CQ, registered rings) goes to the pool.
+// The client then opens c2, which must get that kit on the server: the
+// same receive ring and rkey, behind a new QP. The attacker then writes
+// through its own QP at the ring c1's server end had, with c1's rkey: c2's
+// ring now. The device must refuse it as for any other connection (the kit
+// kept its own PD), and c2's stream must arrive intact. Then the kit of the
+// attacker's connection, one that failed, serves c4 on both ends, and every
+// byte is checked.
+int kit_reuse_case() {
+  Tunables tun = test_tunables();
+  constexpr size_t kBytes = 1u << 20;
+  auto server = [&](rt::Listener& l, pid_t) -> int {
+    auto c1 = accept_one(l);
+    auto a = accept_one(l);
+    CHECK(!c1->reused_kit() && !a->reused_kit(), "a kit reused with an empty pool");
+    expect_seeded_then_eof(*c1, kBytes, 31, "c1");
+    c1.reset();  // orderly close: its kit goes to the pool
+    CHECK(rt::kit_pool::idle() == 1, "%d kits pooled after c1's close, want 1", rt::kit_pool::idle());
+    auto c2 = accept_one(l);
+    CHECK(c2->reused_kit(), "c2 made a new kit with c1's in the pool");
+    uint64_t t0 = rsock::now_ns();
+    for (;;) {  // the attacker's connection ends (its write was refused)
+      char x;
+      iovec v{&x, 1};
+      auto rr = a->recv({&v, 1}, false);
+      if ((!rr.ok() && rr.error() != EAGAIN) || (rr.ok() && *rr == 0)) break;
+      CHECK(!rr.ok(), "attacker's connection delivered a byte");
+      CHECK(secs_since(t0) < 20, "attacker's connection still alive after 20 s");
+      (void)a->wait(POLLIN, 100);
+    }
+    expect_seeded_then_eof(*c2, kBytes, 32, "c2 (on c1's kit, attacked)");
+    c2.reset();
+    a.reset();  // failed: its kit is drained and kept too, and is the newest
+    auto c4 = accept_one(l);
+    CHECK(c4->reused_kit(), "c4 made a new kit with %d pooled", rt::kit_pool::idle());
+    expect_seeded_then_eof(*c4, kBytes, 33, "c4");
+    log_line("kit_reuse: server: c2 on c1's kit refused the foreign write, c4 on a reused kit "
+             "(%llu reused)", (unsigned long long)rt::kit_pool::reused());
+    return 0;
+  };
+  auto client = [&](uint16_t port) -> int {
+    auto c1 = connect_to(port, tun);
+    auto a = connect_to(port, tun);
+    // The first rings, before a stream grows them (a grown ring is freed at
+    // close; the kit keeps the first one).
+    const uint32_t rkey_a = a->debug_peer_ring().second;
+    auto [ring, rkey] = c1->debug_peer_ring();
+    send_seeded_and_close(*c1, kBytes, 31);  // returns at the server's EOF
+    const uint32_t qp1 = c1->qp_num();
+    c1.reset();
+    usleep(200'000);  // the server's c1 closes after its EOF reached us
+    auto c2 = connect_to(port, tun);
+    CHECK(c2->reused_kit() && c2->qp_num() != qp1,
+          "c2 did not get c1's kit behind a new QP (reused %d, qp %u, c1's %u)",
+          int(c2->reused_kit()), c2->qp_num(), qp1);
+    CHECK(c2->debug_peer_ring() == std::make_pair(ring, rkey),
+          "c2's server ring is 0x%llx rkey 0x%x, c1's was 0x%llx rkey 0x%x: not the same kit",
+          (unsigned long long)c2->debug_peer_ring().first, c2->debug_peer_ring().second,
+          (unsigned long long)ring, rkey);
+    auto st = a->debug_write_foreign(ring, rkey);
+    CHECK(st.ok(), "post: %s", std::strerror(st.ok() ? 0 : st.error()));
+    wait_ended(*a, 10, "foreign write at a reused kit not refused:");
+    int wc = a->counters().first_wc_error;
+    CHECK(wc == IBV_WC_REM_ACCESS_ERR, "completion %s, want remote access error",
+          ibv_wc_status_str(ibv_wc_status(wc)));
+    send_seeded_and_close(*c2, kBytes, 32);
+    c2.reset();
+    a.reset();  // failed: its kit is drained and kept too, and is the newest
+    auto c4 = connect_to(port, tun);
+    CHECK(c4->reused_kit(), "c4 made a new kit with %d pooled", rt::kit_pool::idle());
+    CHECK(c4->debug_peer_ring().second == rkey_a,
+          "c4's server ring has rkey 0x%x, not the failed connection's 0x%x",
+          c4->debug_peer_ring().second, rkey_a);
+    send_seeded_and_close(*c4, kBytes, 33);
+    log_line("kit_reuse: client: foreign write at the reused kit refused: %s; c4 on the failed "
+             "connection's kit", ibv_wc_status_str(ibv_wc_status(wc)));
+    return 0;
+  };
+  return run_pair(server, client, tun, 120);
+}
+
 // ---------------------------------------------------------------- ring_move
 // Rings that grow and shrink (docs/TRANSPORT.md): with 16 KiB first rings
 // and 256 KiB grown ones, an 8 MiB stream makes the receiver offer its
@@ -1012,7 +1105,7 @@ int hostile_case() {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|bidir|kill_reader_side|kill_writer_side|keepalive|stall|noport|reject|foreign_rkey|hostile|ring_move\n", argv[0]);
+    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|bidir|kill_reader_side|kill_writer_side|keepalive|stall|noport|reject|foreign_rkey|hostile|ring_move|kit_reuse\n", argv[0]);
     return 2;
   }
   skip_without_device();
@@ -1033,6 +1126,7 @@ int main(int argc, char** argv) {
   else if (c == "foreign_rkey") rc = foreign_rkey_case();
   else if (c == "hostile") rc = hostile_case();
   else if (c == "ring_move") rc = ring_move_case();
+  else if (c == "kit_reuse") rc = kit_reuse_case();
   std::printf("%s: %s in %.1f s\n", c.c_str(), rc == 0 ? "PASS" : "FAIL", secs_since(t0));
   return rc;
 }

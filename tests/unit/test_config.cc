@@ -300,6 +300,9 @@ TEST_CASE("config: every Tunables field has a key") {
   CHECK(c.tunables.send_queue_depth == 4096);
   CHECK(c.tunables.recv_slots == 4);
   CHECK(parse_err("recv_slots = 2000\n") == "t.conf:1:14: recv_slots = 2000 is out of range: must be from 4 to 1024");
+  CHECK(Tunables{}.kit_pool == 16);
+  CHECK(parse_ok("kit_pool = 0\n").tunables.kit_pool == 0);
+  CHECK(parse_err("kit_pool = 17\n") == "t.conf:1:12: kit_pool = 17 is out of range: must be from 0 to 16");
 }
 
 namespace {
