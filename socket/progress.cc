@@ -194,6 +194,10 @@ struct NegativeEntry {
   sockaddr_storage peer;
   uint64_t expires_ns;
   bool whole_host;  // any port of peer's address (a lossy path)
+  // Kept (not skipped) until then, so that a failure after a short first
+  // strike counts as the second (negative_cache_add's first_short).
+  uint64_t remember_ns;
+  uint64_t added_ns;
 };
 
 struct Watch {
@@ -1093,12 +1097,26 @@ bool negative_cache_host(const sockaddr* addr) {
   return false;
 }
 
-void negative_cache_add(const sockaddr_storage& peer, bool whole_host) {
-  uint64_t exp = now_ns() + uint64_t{process_config().tunables.negative_cache_ttl_s} * 1000000000;
+void negative_cache_add(const sockaddr_storage& peer, bool whole_host, bool first_short,
+                        uint64_t attempt_ns) {
+  const uint64_t ttl = uint64_t{process_config().tunables.negative_cache_ttl_s} * 1000000000;
   std::lock_guard lk(g_neg_mu);
   uint64_t now = now_ns();
-  std::erase_if(g_negative, [&](const NegativeEntry& e) { return e.expires_ns <= now; });
-  if (g_negative.size() < 4096) g_negative.push_back({peer, exp, whole_host});
+  std::erase_if(g_negative, [&](const NegativeEntry& e) { return e.remember_ns <= now; });
+  for (auto& e : g_negative) {
+    if (e.whole_host != whole_host || port_of(e.peer) != port_of(peer) ||
+        !same_ip(reinterpret_cast<const sockaddr*>(&e.peer), reinterpret_cast<const sockaddr*>(&peer)))
+      continue;
+    // Failed again after the first strike: the whole TTL. (Not an attempt
+    // that was under way before it: eight connections opened at once to a
+    // service that is starting fail together, and count once.)
+    if (first_short && attempt_ns < e.added_ns) return;
+    e.expires_ns = std::max(e.expires_ns, now + ttl);
+    e.remember_ns = std::max(e.remember_ns, e.expires_ns + ttl);
+    return;
+  }
+  uint64_t exp = now + (first_short ? std::min(ttl, kFirstStrikeNs) : ttl);
+  if (g_negative.size() < 4096) g_negative.push_back({peer, exp, whole_host, exp + ttl, now});
 }
 
 Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr,

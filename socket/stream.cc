@@ -391,6 +391,7 @@ void Stream::start_client_locked() {
 // Under mu_: the rendezvous request to rdma_cm port `rport` of the TCP peer's
 // address (the listener's, or where its redirect pointed).
 void Stream::connect_locked(uint16_t rport) {
+  attempt_ns_ = now_ns();
   wire::RendezvousRequest req{};
   req.magic = wire::kRendezvousMagic;
   req.version = wire::kRendezvousMinVersion;
@@ -1368,7 +1369,8 @@ bool Stream::advance_locked(bool full) {
       if (reason == stats::FallbackReason::kTimeout) log_rendezvous_timeout();
       uint8_t peer_reason = static_cast<uint8_t>(conn_->reject_reason());
       if (caches_failure(reason, cache))
-        negative_cache_add(peer_, reason == stats::FallbackReason::kLossyPath);
+        negative_cache_add(peer_, reason == stats::FallbackReason::kLossyPath,
+                           reason == stats::FallbackReason::kPeerNotRsock, attempt_ns_);
       mu_.unlock();
       fall_back(reason, peer_reason);
       mu_.lock();

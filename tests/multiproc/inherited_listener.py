@@ -16,6 +16,15 @@
 #                      binary upgrade)
 #   --fork-exec-exits  the same, and the launcher exits 2 s later: an exec'd
 #                      server takes its rdma_cm listener over
+#   --activated        as --plain-launcher, but the launcher execs the server
+#                      only once a first connection waits (systemd's socket
+#                      activation starts the service at the first
+#                      connection). That first connection's rendezvous finds
+#                      no rdma_cm listener: it stays on TCP (peer_not_rsock)
+#                      and must still echo exactly; the clients that come
+#                      kFirstStrikeNs (2 s, socket/rendezvous.h) after its
+#                      fallback must all upgrade. Failed before 2026-12-05:
+#                      the port stayed in the negative cache for 60 s.
 # Asserted: every byte of CONNS concurrent checksummed echoes comes back in
 # order; every connection was on RDMA (SOL_RSOCK transport 2), and at least
 # 90 % of the payload, both directions, went over RDMA (RSOCK_BYTES); the kernel's
@@ -24,10 +33,11 @@
 # does not serve. Fails on the library before 2026-12-04 in every mode (no
 # rdma_cm listener for a socket that never saw listen(): peer_not_rsock;
 # fork-exec: the children's connections time out).
-import os, signal, subprocess, sys, threading, time
+import os, select, signal, subprocess, sys, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rdma_env import echo_to_eof, held_echoes, skip_unless_rdma, tally  # noqa: E402
+from rdma_env import (echo_to_eof, fallback_of, held_echoes, skip_unless_rdma, tally,  # noqa: E402
+                      transport_of)
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MODE = sys.argv[2] if len(sys.argv) > 2 else "--plain-launcher"
@@ -73,6 +83,8 @@ if MODE in ("serve", "serve-prefork"):  # the exec'd server: fd 3 is its listene
 if MODE == "launch":  # without librsock: listen, then exec the preloaded server
     port = listening_fd3()
     print(port, flush=True)
+    if len(sys.argv) > 6 and sys.argv[6] == "on-connect":
+        select.select([3], [], [])  # a connection waits: start the service
     env = dict(os.environ, LD_PRELOAD=sys.argv[4])
     os.execve(sys.executable, [sys.executable, sys.argv[0], ADDR, sys.argv[5], sys.argv[3]], env)
 
@@ -80,14 +92,23 @@ skip_unless_rdma(ADDR)
 tag = "/tmp/inherited-listener.%d" % os.getpid()
 pre = os.environ.get("LD_PRELOAD", "")
 launcher = None  # pid of the process group to kill at the end
-launcher_serves = MODE in ("--plain-launcher", "--plain-prefork", "--reexec")
-if MODE in ("--plain-launcher", "--plain-prefork"):
+launcher_serves = MODE in ("--plain-launcher", "--plain-prefork", "--reexec", "--activated")
+first = None  # --activated: the connection that starts the service
+if MODE in ("--plain-launcher", "--plain-prefork", "--activated"):
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     p = subprocess.Popen([sys.executable, sys.argv[0], ADDR, "launch", tag, pre,
-                          "serve" if MODE == "--plain-launcher" else "serve-prefork"],
+                          "serve-prefork" if MODE == "--plain-prefork" else "serve"]
+                         + (["on-connect"] if MODE == "--activated" else []),
                          env=env, stdout=subprocess.PIPE, start_new_session=True)
     port, launcher = int(p.stdout.readline()), p.pid
-    launcher_serves = MODE == "--plain-launcher"
+    launcher_serves = MODE != "--plain-prefork"
+    if MODE == "--activated":
+        # The first connection: its bytes wait in the socket until the
+        # service runs; its rendezvous (10 ms after connect) finds no
+        # rdma_cm listener.
+        first = socket.create_connection((ADDR, port))
+        t_first = time.time()
+        first.sendall(b"first connection")
 else:
     r, w = os.pipe()
     launcher = os.fork()
@@ -115,16 +136,37 @@ else:
         os.waitpid(launcher, 0)
 # The servers are up once they wrote their pids (interpreters start slowly
 # in the TCG guest); the clients start then.
-want = 1 if MODE in ("--plain-launcher", "--reexec") else 2
+want = 1 if MODE in ("--plain-launcher", "--reexec", "--activated") else 2
 end = time.time() + 60
 while time.time() < end:
     if os.path.exists(tag + ".pids") and len(open(tag + ".pids").read().split()) >= want:
         break
     time.sleep(0.1)
 time.sleep(0.5)
+first_ok, first_why = True, ""
+if first is not None:
+    first.settimeout(30)
+    got = b""
+    while len(got) < 16:
+        b = first.recv(16 - len(got))
+        if not b:
+            break
+        got += b
+    # Until its rendezvous is over (on RDMA if its request reached the
+    # service's new rdma_cm listener in time, else back on TCP: then the
+    # port is in the negative cache), and then past the first strike.
+    while transport_of(first) == 1 and time.time() < t_first + 30:
+        time.sleep(0.05)
+    first_ok = got == b"first connection" and transport_of(first) in (0, 2)
+    first_why = fallback_of(first)
+    print("inherited_listener %s: the first connection echoed %r, on transport %d (%s) after "
+          "%.1f s" % (MODE, got, transport_of(first), first_why, time.time() - t_first))
+    time.sleep(2.5)
 servers = set(map(int, open(tag + ".pids").read().split())) if os.path.exists(tag + ".pids") else set()
 counts = [[] for _ in range(CONNS)]
 results, seen, whys, owners = held_echoes(ADDR, port, CONNS, N, counts)
+if first is not None:
+    first.close()
 try:
     os.killpg(launcher, signal.SIGKILL)
 except ProcessLookupError:
@@ -149,7 +191,7 @@ for i in range(CONNS):
     if results[i] is not True or 2 not in seen[i]:
         print("  connection %d: result %s, transports %s, fallback reason %s"
               % (i, results[i], sorted(seen[i]), ",".join(whys[i]) or "?"))
-good = ok == CONNS and rdma == CONNS and len(serving_owners) >= 1 and \
+good = first_ok and ok == CONNS and rdma == CONNS and len(serving_owners) >= 1 and \
     not (launcher in owners and not launcher_serves) and counted == CONNS and share >= 0.9
 print("inherited_listener %s: %s" % (MODE, "PASS" if good else "FAIL"))
 sys.exit(0 if good else 1)
