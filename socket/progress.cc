@@ -858,6 +858,17 @@ int wait_ms(bool busy, uint64_t now) {
   return ms;
 }
 
+// rsock-stat's view of the process's RDMA resources (util/stats_layout.h
+// Resources), at every tick: four relaxed stores.
+void publish_resources() {
+  stats::Resources* r = stats::resources();
+  if (r == nullptr) return;
+  r->pinned_bytes.store(transport::pinned::in_use(), std::memory_order_relaxed);
+  r->pinned_budget.store(transport::pinned::budget(), std::memory_order_relaxed);
+  r->kits_idle.store(uint64_t(transport::kit_pool::idle()), std::memory_order_relaxed);
+  r->kits_reused.store(transport::kit_pool::reused(), std::memory_order_relaxed);
+}
+
 void* thread_main(void*) {
   epoll_event evs[16];
   // Before g_loop_mu: ensure_thread waits for this under g_mu, and fork()
@@ -952,6 +963,7 @@ void* thread_main(void*) {
     // Closed connections' kits unused for a while give their pinned memory
     // back (transport/kit_pool.h); outside g_mu, as they are verbs calls.
     transport::kit_pool::trim(now_ns());
+    publish_resources();
     awake.unlock();
     int n = sys::libc.epoll_wait(g_epfd, evs, 16, timeout);
     awake.lock();

@@ -113,6 +113,7 @@ void after_fork_child() {
   pinned::release(g_pinned);
   g_pinned = 0;
   g_idle.store(0, std::memory_order_relaxed);
+  g_reused.store(0, std::memory_order_relaxed);  // the child's own count
 }
 
 }  // namespace rsock::transport::kit_pool

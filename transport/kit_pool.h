@@ -75,8 +75,8 @@ bool give(const Kit& k, uint32_t max_idle);
 void destroy(Kit* k);
 // Destroys kits idle for kIdleNs (all of them with `all`). Cheap when empty.
 void trim(uint64_t now_ns, bool all = false);
-// Kits in the pool now, and kits taken from it since the process started
-// (for rsock-stat and tests).
+// Kits in the pool now, and kits taken from it since the process (image or
+// fork child) started (for rsock-stat and tests).
 int idle();
 uint64_t reused();
 // In a fork child: the kits are the parent's; forget them unreleased.

@@ -352,6 +352,9 @@ void after_fork_child() {
 }
 
 ProcessCounters* process() { return counters(); }
+Resources* resources() {
+  return g.on.load(std::memory_order_acquire) ? &g.files[0].h->resources : nullptr;
+}
 bool enabled() { return g.on.load(std::memory_order_relaxed); }
 
 ConnSlot* open_conn(int fd, Direction dir, const sockaddr* local, const sockaddr* peer) {

@@ -47,6 +47,8 @@ void after_fork_child();
 
 // The process counters, or nullptr when stats are disabled.
 ProcessCounters* process();
+// The resource gauges (stats_layout.h Resources), or nullptr likewise.
+Resources* resources();
 bool enabled();
 
 // Claims a slot for a new connection (nullptr if stats are off, or if no slot

@@ -23,7 +23,8 @@ constexpr uint64_t kMagic = 0x0054534b434f5352ull;
 // 4: kPathFailed, kHandedOff, kReleased (an upgraded connection switched back),
 //    kFdLimit; SegmentHeader::release (the writer's librsock release)
 // 5: kIoUring
-constexpr uint32_t kLayoutVersion = 6;
+// 7: SegmentHeader::resources (pinned memory, kits kept for reuse)
+constexpr uint32_t kLayoutVersion = 7;
 constexpr uint32_t kInitialSlots = 64;
 constexpr uint32_t kMaxFiles = 20;  // main + 19 extensions, doubling: ~33M slots
 
@@ -100,6 +101,16 @@ struct ProcessCounters {
 };
 static_assert(sizeof(ProcessCounters) == 32 + 8 * kFallbackReasons + sizeof(Traffic));
 
+// The process's RDMA resources now, in the main file's header: written by
+// the progress thread at its ticks (gauges, relaxed atomics).
+struct Resources {
+  std::atomic<uint64_t> pinned_bytes;   // registered memory librsock holds (live rings and kept kits)
+  std::atomic<uint64_t> pinned_budget;  // librsock's share of RLIMIT_MEMLOCK (UINT64_MAX: unlimited)
+  std::atomic<uint64_t> kits_idle;      // closed connections' kits kept for the next ones
+  std::atomic<uint64_t> kits_reused;    // connections that took a kept kit (a counter)
+};
+static_assert(sizeof(Resources) == 32);
+
 // Descriptive fields: updated together, rarely, under the slot's seqlock.
 struct SlotInfo {
   int32_t fd;
@@ -174,10 +185,12 @@ struct alignas(64) SegmentHeader {
   uint32_t pad1;
   ProcessCounters counters;                // main file only (zero in extensions)
   char release[16];                        // the librsock release that writes it ("0.2.0"), NUL-terminated
-  uint8_t reserved[112];
+  Resources resources;                     // main file only (layout 7 on)
+  uint8_t reserved[80];
 };
 static_assert(offsetof(SegmentHeader, layout_version) == 8);
 static_assert(offsetof(SegmentHeader, counters) == 128);
+static_assert(offsetof(SegmentHeader, resources) == 128 + sizeof(ProcessCounters) + 16);
 static_assert(sizeof(SegmentHeader) % 64 == 0);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 

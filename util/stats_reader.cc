@@ -158,6 +158,11 @@ Status<ProcessSnapshot> read_process(const std::string& dir, int pid, std::strin
   snap.handshake_errors = pc.handshake_errors.load(std::memory_order_relaxed);
   for (int i = 0; i < kFallbackReasons; ++i) snap.fallbacks[i] = pc.fallbacks[i].load(std::memory_order_relaxed);
   snap.closed = copy_traffic(pc.closed);
+  const Resources& res = h->resources;
+  snap.pinned_bytes = res.pinned_bytes.load(std::memory_order_relaxed);
+  snap.pinned_budget = res.pinned_budget.load(std::memory_order_relaxed);
+  snap.kits_idle = res.kits_idle.load(std::memory_order_relaxed);
+  snap.kits_reused = res.kits_reused.load(std::memory_order_relaxed);
   snap.total = snap.closed;
   read_slots(h, 0, &snap);
 

@@ -46,6 +46,11 @@ struct ProcessSnapshot {
   uint64_t conns_untracked = 0;
   uint64_t handshake_errors = 0;
   uint64_t fallbacks[kFallbackReasons] = {};
+  // Resources (layout 7): gauges the progress thread writes at its ticks.
+  uint64_t pinned_bytes = 0;
+  uint64_t pinned_budget = 0;  // UINT64_MAX: unlimited
+  uint64_t kits_idle = 0;
+  uint64_t kits_reused = 0;
   TrafficTotals closed;  // connections already closed
   TrafficTotals total;   // closed + open connections
   uint32_t files = 0;    // main + extensions read

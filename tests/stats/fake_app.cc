@@ -85,6 +85,13 @@ int main(int argc, char** argv) {
     s->set_ring_fill(64 * i, 32 * i);
     s->set_credits(16);
   }
+  // The resource gauges librsock's progress thread writes.
+  if (Resources* r = resources()) {
+    r->pinned_bytes.store(3 << 20);
+    r->pinned_budget.store(6 << 20);
+    r->kits_idle.store(3);
+    r->kits_reused.store(7);
+  }
   if (do_fork) {
     pid_t child = fork();
     if (child < 0) return 5;

@@ -54,6 +54,7 @@ T=$("$STAT" -p "$PID")
 [[ $T =~ librsock\ [0-9]+\.[0-9]+\.[0-9]+ ]] && ok "-p says the librsock release" || bad "-p: no release: $(head -1 <<<"$T")"
 expect "open conns" "$J" '"conns_open":10,"conns_rdma":5,"conns_tcp":5,"conns_seen":11,"conns_upgraded":5,"conns_untracked":0'
 expect "fallback reason" "$J" '"peer_not_rsock":5'
+expect "resources" "$J" '"pinned_bytes":3145728,"pinned_budget":6291456,"kits_idle":3,"kits_reused":7,'
 expect "rdma totals" "$J" '"rdma":{"tx_bytes":25000,"rx_bytes":12500,"tx_ops":25,"rx_ops":25}'
 expect "tcp totals incl. closed conn" "$J" '"tcp":{"tx_bytes":30007,"rx_bytes":15000,"tx_ops":31,"rx_ops":30}'
 expect "segment grew" "$J" '"segment_files":2,"segment_slots":12'
@@ -83,6 +84,7 @@ expect "list json" "$LJ" "{\"pid\":$PID,"
 P=$("$STAT" -p "$PID")
 expect "-p text conn" "$P" "10.0.0.10:6379"
 expect "-p text fallback" "$P" "fallbacks: peer_not_rsock=5"
+expect "-p text resources" "$P" "rdma resources: 3.0M pinned of 6.0M, 3 kits kept for new connections, 7 reused"
 # STALLS column (14th) of the connection table: fd 108 has 8 credit stalls.
 st=$(echo "$P" | awk '$1 == "FD" { col = 0; for (i = 1; i <= NF; i++) if ($i == "STALLS") col = i }
                       $1 == "108" && col { print $col }')
@@ -113,6 +115,7 @@ for want in "rsock_connections_seen_total{$L} 11" "rsock_connections_upgraded_to
             "rsock_fallbacks_total{$L,reason=\"peer_not_rsock\"} 5" \
             "rsock_fallbacks_total{$L,reason=\"policy\"} 0" \
             "rsock_handshake_errors_total{$L} 0" "rsock_credit_stalls_total{$L} 20" \
+            "rsock_pinned_bytes{$L} 3145728" "rsock_kits_idle{$L} 3" "rsock_kits_reused_total{$L} 7" \
             "rsock_tx_bytes_total{$L,transport=\"rdma\"} 25000" "rsock_rx_bytes_total{$L,transport=\"rdma\"} 12500" \
             "rsock_tx_ops_total{$L,transport=\"rdma\"} 25" "rsock_rx_ops_total{$L,transport=\"rdma\"} 25" \
             "rsock_tx_bytes_total{$L,transport=\"tcp\"} 30007" "rsock_rx_bytes_total{$L,transport=\"tcp\"} 15000" \

@@ -127,7 +127,11 @@ std::string json_process(const ProcessSnapshot& p, const Rates& rates, bool with
                   ",\"conns_tcp\":" + jnum(sum.conns_tcp) + ",\"conns_seen\":" + jnum(p.conns_seen) +
                   ",\"conns_upgraded\":" + jnum(p.conns_upgraded) +
                   ",\"conns_untracked\":" + jnum(p.conns_untracked) +
-                  ",\"handshake_errors\":" + jnum(p.handshake_errors) + ",\"fallbacks\":{";
+                  ",\"handshake_errors\":" + jnum(p.handshake_errors) +
+                  ",\"pinned_bytes\":" + jnum(p.pinned_bytes) + ",\"pinned_budget\":" +
+                  (p.pinned_budget == UINT64_MAX ? std::string("null") : jnum(p.pinned_budget)) +
+                  ",\"kits_idle\":" + jnum(p.kits_idle) + ",\"kits_reused\":" + jnum(p.kits_reused) +
+                  ",\"fallbacks\":{";
   for (int i = 1; i < kFallbackReasons; ++i) {
     if (i > 1) o += ",";
     o += jstr(rsock::stats::fallback_reason_name(static_cast<FallbackReason>(i))) + ":" + jnum(p.fallbacks[i]);
@@ -211,6 +215,10 @@ std::string text_process(const Round& r, const Rates& rates) {
     append(&o, "connections: %llu seen, %zu open, %llu upgraded to rdma, %llu untracked, %llu handshake errors\n",
            (unsigned long long)p.conns_seen, p.conns.size(), (unsigned long long)p.conns_upgraded,
            (unsigned long long)p.conns_untracked, (unsigned long long)p.handshake_errors);
+    append(&o, "rdma resources: %s pinned of %s, %llu kits kept for new connections, %llu reused\n",
+           human_bytes(double(p.pinned_bytes)).c_str(),
+           p.pinned_budget == UINT64_MAX ? "no limit" : human_bytes(double(p.pinned_budget)).c_str(),
+           (unsigned long long)p.kits_idle, (unsigned long long)p.kits_reused);
     std::string fb;
     for (int i = 1; i < kFallbackReasons; ++i)
       if (p.fallbacks[i] != 0)
@@ -390,6 +398,15 @@ std::string render_prometheus(const Round& r) {
               [](P p, S) { return p.handshake_errors; });
   per_process("rsock_credit_stalls_total", "counter", "RDMA sends that waited for credits from the peer.",
               [](P p, S) { return p.total.credit_stalls; });
+  per_process("rsock_pinned_bytes", "gauge",
+              "Registered (pinned) memory librsock holds: live connections' rings and kept kits.",
+              [](P p, S) { return p.pinned_bytes; });
+  per_process("rsock_kits_idle", "gauge",
+              "Closed connections' verbs resources kept for the next connections.",
+              [](P p, S) { return p.kits_idle; });
+  per_process("rsock_kits_reused_total", "counter",
+              "Connections that took a closed connection's verbs resources.",
+              [](P p, S) { return p.kits_reused; });
   per_transport("rsock_tx_bytes_total", "counter", "Bytes sent, by transport (closed connections included).",
                 [](P p, S, int t) { return p.total.tx_bytes[t]; });
   per_transport("rsock_rx_bytes_total", "counter", "Bytes received, by transport (closed connections included).",
