@@ -90,7 +90,7 @@ Status<void> Connection::init_fds() {
   return Ok();
 }
 
-int Connection::fd() const { return cq_ != nullptr ? cq_hub::fd() : -1; }
+int Connection::fd() const { return kit_.cq != nullptr ? cq_hub::fd() : -1; }
 
 void Connection::deliver_cq_event() {
   cq_event_.store(true, std::memory_order_release);
@@ -114,7 +114,7 @@ void Connection::take_cq_event() {
 
 void Connection::rearm_cq() {
   if (cq_armed_ || state_ == State::kError) return;
-  ibv_req_notify_cq(cq_, 0);
+  ibv_req_notify_cq(kit_.cq, 0);
   cq_armed_ = true;
   while (poll_cq()) {  // completions that slipped in before the arm
   }
@@ -204,10 +204,9 @@ Status<void> Connection::create_resources() {
   // connection.
   comp_ch_ = cq_hub::channel(ctx);
   if (comp_ch_ == nullptr) return Err(errno ? errno : ENOMEM);
-  kit_pool::Kit k;
-  if (kit_pool::take(ctx, ring_bytes_, sq_depth_, recv_slots_, &k)) {
-    use_kit(k);
-    cq_hub::adopt(cq_, this);
+  if (kit_pool::take(ctx, ring_bytes_, sq_depth_, recv_slots_, &kit_)) {
+    from_pool_ = true;
+    cq_hub::adopt(kit_.cq, this);
   } else if (auto s = make_kit(ctx); !s) {
     return s;
   }
@@ -217,12 +216,12 @@ Status<void> Connection::create_resources() {
   sig_cover_.assign(sq_depth_, 0);
   rx_.init(ring_bytes_, recv_slots_);
   sring_.init(ring_bytes_);
-  rx_home_ = {rx_ring_, rx_mr_, ring_bytes_, rx_map_bytes_};
-  tx_home_ = {tx_mem_, tx_mr_, ring_bytes_, tx_map_bytes_};
+  rx_home_ = {kit_.rx_ring, kit_.rx_mr, ring_bytes_, kit_.rx_map};
+  tx_home_ = {kit_.tx_mem, kit_.tx_mr, ring_bytes_, kit_.tx_map};
   last_data_ns_ = now_ns();
   for (uint32_t i = 0; i < recv_slots_; ++i)
     if (!post_recv(i)) return Err(errno ? errno : ENOMEM);
-  if (ibv_req_notify_cq(cq_, 0) != 0) return Err(errno ? errno : EIO);
+  if (ibv_req_notify_cq(kit_.cq, 0) != 0) return Err(errno ? errno : EIO);
   cq_armed_ = true;
   uint8_t tmo = wire::kAckTimeoutExp;
   if (rdma_set_option(id_, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof tmo) != 0)
@@ -234,38 +233,40 @@ Status<void> Connection::create_resources() {
 // this connection's QP, so a peer can write into its own connection's ring
 // and nowhere else (docs/TRANSPORT.md, "Isolation").
 Status<void> Connection::make_kit(ibv_context* ctx) {
+  kit_.ctx = ctx;
   // The mappings first: past their budget nothing else is worth creating.
-  if (!maps_taken_) {
+  if (!kit_.maps) {
     if (!pinned::take_maps()) {
       kit_pool::trim(0, /*all=*/true);  // kept kits hold mappings too: theirs go first
       if (!pinned::take_maps()) return Err(EMFILE);
     }
-    maps_taken_ = true;
+    kit_.maps = true;
   }
-  pd_ = ibv_alloc_pd(ctx);
-  if (pd_ == nullptr) return Err(errno ? errno : ENOMEM);
-  cq_ = ibv_create_cq(ctx, static_cast<int>(sq_depth_ + recv_slots_ + 1), this, comp_ch_, 0);
-  if (cq_ == nullptr) return Err(errno ? errno : ENOMEM);
+  kit_.pd = ibv_alloc_pd(ctx);
+  if (kit_.pd == nullptr) return Err(errno ? errno : ENOMEM);
+  kit_.cq = ibv_create_cq(ctx, static_cast<int>(sq_depth_ + recv_slots_ + 1), this, comp_ch_, 0);
+  if (kit_.cq == nullptr) return Err(errno ? errno : ENOMEM);
 
-  rx_map_bytes_ = ring_bytes_;
-  tx_map_bytes_ = page_round(size_t{ring_bytes_} + size_t{sq_depth_} * wire::kRecvBufBytes);
-  rbuf_map_bytes_ = page_round(size_t{recv_slots_} * wire::kRecvBufBytes);
+  kit_.rx_map = ring_bytes_;
+  kit_.tx_map = page_round(size_t{ring_bytes_} + size_t{sq_depth_} * wire::kRecvBufBytes);
+  kit_.rbuf_map = page_round(size_t{recv_slots_} * wire::kRecvBufBytes);
   // The process's pinned-memory budget (transport/pinned.h): ENOBUFS tells
   // the socket layer that this is the memlock limit, not a broken device.
-  uint64_t pin = rx_map_bytes_ + tx_map_bytes_ + rbuf_map_bytes_;
+  uint64_t pin = kit_.rx_map + kit_.tx_map + kit_.rbuf_map;
   if (!pinned::reserve(pin)) {
     kit_pool::trim(0, /*all=*/true);  // kept kits give their memory back first
     if (!pinned::reserve(pin)) return Err(ENOBUFS);
   }
-  pinned_bytes_ = pin;
-  rx_ring_ = map_bytes(rx_map_bytes_);
-  tx_mem_ = map_bytes(tx_map_bytes_);
-  rbufs_ = map_bytes(rbuf_map_bytes_);
-  if (!rx_ring_ || !tx_mem_ || !rbufs_) return Err(ENOMEM);
-  rx_mr_ = ibv_reg_mr(pd_, rx_ring_, rx_map_bytes_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  tx_mr_ = ibv_reg_mr(pd_, tx_mem_, tx_map_bytes_, 0);
-  rbuf_mr_ = ibv_reg_mr(pd_, rbufs_, rbuf_map_bytes_, IBV_ACCESS_LOCAL_WRITE);
-  if (!rx_mr_ || !tx_mr_ || !rbuf_mr_) {
+  kit_.pinned = pin;
+  kit_.rx_ring = map_bytes(kit_.rx_map);
+  kit_.tx_mem = map_bytes(kit_.tx_map);
+  kit_.rbufs = map_bytes(kit_.rbuf_map);
+  if (!kit_.rx_ring || !kit_.tx_mem || !kit_.rbufs) return Err(ENOMEM);
+  kit_.rx_mr = ibv_reg_mr(kit_.pd, kit_.rx_ring, kit_.rx_map,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  kit_.tx_mr = ibv_reg_mr(kit_.pd, kit_.tx_mem, kit_.tx_map, 0);
+  kit_.rbuf_mr = ibv_reg_mr(kit_.pd, kit_.rbufs, kit_.rbuf_map, IBV_ACCESS_LOCAL_WRITE);
+  if (!kit_.rx_mr || !kit_.tx_mr || !kit_.rbuf_mr) {
     // The kernel's own RLIMIT_MEMLOCK check (the program pinned memory too).
     if (errno == ENOMEM || errno == EAGAIN || errno == EPERM) return Err(ENOBUFS);
     return Err(errno ? errno : ENOMEM);
@@ -275,8 +276,8 @@ Status<void> Connection::make_kit(ibv_context* ctx) {
 
 Status<void> Connection::create_qp() {
   ibv_qp_init_attr qa{};
-  qa.send_cq = cq_;
-  qa.recv_cq = cq_;
+  qa.send_cq = kit_.cq;
+  qa.recv_cq = kit_.cq;
   qa.qp_type = IBV_QPT_RC;
   qa.sq_sig_all = 0;  // selective signalling (signal_next)
   qa.cap.max_send_wr = sq_depth_;
@@ -284,53 +285,22 @@ Status<void> Connection::create_qp() {
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
   qa.cap.max_inline_data = std::max<uint32_t>(tun_.inline_threshold, wire::kMaxControlBytes);
-  qp_ = ibv_create_qp(pd_, &qa);
+  qp_ = ibv_create_qp(kit_.pd, &qa);
   if (qp_ == nullptr) {
     // Some devices cap inline data lower: retry without it (copies from the ring).
     qa.cap.max_inline_data = 0;
-    qp_ = ibv_create_qp(pd_, &qa);
+    qp_ = ibv_create_qp(kit_.pd, &qa);
     if (qp_ == nullptr) return Err(errno ? errno : ENOMEM);
   }
   max_inline_ = qa.cap.max_inline_data;
   return Ok();
 }
 
-void Connection::use_kit(const kit_pool::Kit& k) {
-  pd_ = k.pd;
-  cq_ = k.cq;
-  rx_mr_ = k.rx_mr;
-  tx_mr_ = k.tx_mr;
-  rbuf_mr_ = k.rbuf_mr;
-  rx_ring_ = k.rx_ring;
-  tx_mem_ = k.tx_mem;
-  rbufs_ = k.rbufs;
-  rx_map_bytes_ = k.rx_map;
-  tx_map_bytes_ = k.tx_map;
-  rbuf_map_bytes_ = k.rbuf_map;
-  pinned_bytes_ = k.pinned;
-  maps_taken_ = k.maps;
-  from_pool_ = true;
-}
-
 kit_pool::Kit Connection::take_kit() {
-  kit_pool::Kit k;
-  k.ctx = cq_ ? cq_->context : nullptr;
-  k.pd = std::exchange(pd_, nullptr);
-  k.cq = std::exchange(cq_, nullptr);
-  k.rx_mr = std::exchange(rx_mr_, nullptr);
-  k.tx_mr = std::exchange(tx_mr_, nullptr);
-  k.rbuf_mr = std::exchange(rbuf_mr_, nullptr);
-  k.rx_ring = std::exchange(rx_ring_, nullptr);
-  k.tx_mem = std::exchange(tx_mem_, nullptr);
-  k.rbufs = std::exchange(rbufs_, nullptr);
-  k.rx_map = rx_map_bytes_;
-  k.tx_map = tx_map_bytes_;
-  k.rbuf_map = rbuf_map_bytes_;
+  kit_pool::Kit k = std::exchange(kit_, kit_pool::Kit{});
   k.ring_bytes = ring_bytes_;
   k.sq_depth = sq_depth_;
   k.recv_slots = recv_slots_;
-  k.pinned = std::exchange(pinned_bytes_, 0);
-  k.maps = std::exchange(maps_taken_, false);
   return k;
 }
 
@@ -382,8 +352,8 @@ void Connection::fill_setup(wire::SetupBlock* b, wire::SetupKind kind,
   }
   b->kind = static_cast<uint8_t>(kind);
   b->payload_len = static_cast<uint8_t>(payload.size());
-  b->ring_addr = reinterpret_cast<uintptr_t>(rx_ring_);
-  b->ring_rkey = rx_mr_->rkey;
+  b->ring_addr = reinterpret_cast<uintptr_t>(kit_.rx_ring);
+  b->ring_rkey = kit_.rx_mr->rkey;
   b->ring_log2 = static_cast<uint8_t>(std::countr_zero(ring_bytes_));
   b->recv_slots = static_cast<uint16_t>(recv_slots_);
   if (!payload.empty()) std::memcpy(b->payload, payload.data(), payload.size());
@@ -589,7 +559,7 @@ Status<void> Connection::debug_stall_sends() { return set_qp_state(IBV_QPS_SQD);
 // debug_post_raw).
 Status<void> Connection::debug_post(ibv_wr_opcode op, uint32_t imm, uint32_t len,
                                     uint64_t remote_addr, uint32_t rkey) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(tx_mem_), len, tx_mr_->lkey};
+  ibv_sge sge{reinterpret_cast<uint64_t>(kit_.tx_mem), len, kit_.tx_mr->lkey};
   ibv_send_wr wr{};
   wr.wr_id = sring_.head();
   wr.sg_list = len ? &sge : nullptr;
@@ -619,7 +589,7 @@ Status<void> Connection::debug_post_raw(RawKind kind, uint32_t imm, const void* 
                                         uint32_t len) {
   if (!established()) return Err(ENOTCONN);
   if (len > ring_bytes_) return Err(EMSGSIZE);
-  if (len) std::memcpy(tx_mem_, payload, len);
+  if (len) std::memcpy(kit_.tx_mem, payload, len);
   switch (kind) {
     case RawKind::kSend: return debug_post(IBV_WR_SEND_WITH_IMM, imm, len, 0, 0);
     case RawKind::kSendNoImm: return debug_post(IBV_WR_SEND, 0, len, 0, 0);
@@ -645,7 +615,7 @@ bool Connection::alloc_seg(RingSeg* seg, uint32_t bytes, bool remote_write) {
     pinned::release(map);
     return false;
   }
-  ibv_mr* mr = ibv_reg_mr(pd_, mem, map, remote_write ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0);
+  ibv_mr* mr = ibv_reg_mr(kit_.pd, mem, map, remote_write ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0);
   if (mr == nullptr) {
     munmap(mem, map);
     pinned::release(map);
@@ -754,7 +724,7 @@ const char* Connection::device_name() const {
 uint8_t Connection::port_num() const { return qp_ && id_ ? id_->port_num : 0; }
 
 Status<void> Connection::progress() {
-  if (cq_ != nullptr) {
+  if (kit_.cq != nullptr) {
     // The hub took the completion event (cq_hub.h): the CQ is re-armed below
     // before anyone can sleep on it.
     take_cq_event();
@@ -776,7 +746,7 @@ Status<void> Connection::progress() {
     (void)guarded::rdma_notify(id_, IBV_EVENT_COMM_EST);
     on_established(nullptr, 0);
   }
-  if (cq_ != nullptr) {
+  if (kit_.cq != nullptr) {
     flush_pending();
     rearm_cq();
   }
@@ -861,7 +831,7 @@ Status<void> Connection::wait(short events, int timeout_ms) {
   bool spinning = tun_.spin_us != 0;
   bool slept_ready = true;
   while (!wait_done(events)) {
-    if (spinning && cq_ != nullptr && established()) {
+    if (spinning && kit_.cq != nullptr && established()) {
       if (!spin.passed()) {
         if (poll_cq()) flush_pending();
         continue;

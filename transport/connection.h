@@ -269,7 +269,6 @@ class Connection {
 
   State failed_in_ = State::kError;  // the state fail() found (stage())
   bool counted_ = false;             // in g_established (connection.cc)
-  bool maps_taken_ = false;          // holds pinned::take_maps()
   void set_state(State s);           // state_ and the count of established ones
 
   explicit Connection(const config::Tunables& tun);
@@ -282,8 +281,7 @@ class Connection {
   Status<void> create_resources();
   Status<void> make_kit(ibv_context* ctx);
   Status<void> create_qp();
-  void use_kit(const kit_pool::Kit& k);
-  kit_pool::Kit take_kit();  // moves the kit out (nulls it here), not the QP
+  kit_pool::Kit take_kit();  // moves the kit out (none left here), not the QP
   static bool drain_kit(kit_pool::Kit* k);
   void destroy_resources();
   void fill_setup(wire::SetupBlock* b, wire::SetupKind kind,
@@ -335,13 +333,16 @@ class Connection {
   RejectReason reject_reason_ = RejectReason::kNone;
   uint16_t redirect_port_ = 0;
   SetupFailure setup_failure_ = SetupFailure::kNone;
-  uint64_t pinned_bytes_ = 0;  // taken from the pinned-memory budget
 
   // verbs/cm objects, all owned; destroy_resources() releases each once.
   rdma_cm_id* id_ = nullptr;  // on cm_hub::channel(), context = this
-  ibv_pd* pd_ = nullptr;
+  // PD, CQ, the three registered areas and their share of the pinned and
+  // mapping budgets (kit_pool.h): a new one or a closed connection's. Its
+  // areas: rx_ring, the receive ring, the only REMOTE_WRITE memory; tx_mem,
+  // the send ring followed by sq_depth_ control send buffers (local);
+  // rbufs, the receive WR buffers (local write).
+  kit_pool::Kit kit_;
   ibv_comp_channel* comp_ch_ = nullptr;  // cq_hub's, shared: not ours to destroy
-  ibv_cq* cq_ = nullptr;
   // Created with ibv_create_qp on our own context (transport/fds.h), not
   // with rdma_create_qp: rdma_cm only carries its number, and qp_to() moves
   // it through INIT, RTR and RTS with the attributes rdma_cm computes.
@@ -349,13 +350,6 @@ class Connection {
   bool disconnect_sent_ = false;
   bool cq_armed_ = false;
   std::atomic<bool> cq_event_{false};  // set by cq_hub: the arm fired
-  ibv_mr* rx_mr_ = nullptr;    // receive ring: the only REMOTE_WRITE memory
-  ibv_mr* tx_mr_ = nullptr;    // send ring + control send buffers (local)
-  ibv_mr* rbuf_mr_ = nullptr;  // receive WR buffers (local write)
-  std::byte* rx_ring_ = nullptr;
-  std::byte* tx_mem_ = nullptr;  // send ring followed by sq_depth_ control buffers
-  std::byte* rbufs_ = nullptr;
-  size_t rx_map_bytes_ = 0, tx_map_bytes_ = 0, rbuf_map_bytes_ = 0;
 
   uint32_t ring_bytes_ = 0;
   uint32_t sq_depth_ = 0;
@@ -377,7 +371,7 @@ class Connection {
   TxWindow tx_;
   RxWindow rx_;
   SendRing sring_;
-  RingSeg rx_home_, rx_big_, tx_home_, tx_big_;  // home: views of rx_ring_/tx_mem_
+  RingSeg rx_home_, rx_big_, tx_home_, tx_big_;  // home: views of kit_.rx_ring/kit_.tx_mem
   RingSeg* rx_cur_ = &rx_home_;   // where DATA from rx_switch_ on lands
   RingSeg* rx_old_ = nullptr;     // bytes before rx_switch_, until read
   RingSeg* rx_next_ = nullptr;    // offered (RING sent), no RING_ACK yet

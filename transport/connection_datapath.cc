@@ -52,8 +52,8 @@ struct IovCursor {
 }  // namespace
 
 bool Connection::post_recv(uint32_t slot) {
-  ibv_sge sge{reinterpret_cast<uintptr_t>(rbufs_ + size_t{slot} * wire::kRecvBufBytes),
-              static_cast<uint32_t>(wire::kRecvBufBytes), rbuf_mr_->lkey};
+  ibv_sge sge{reinterpret_cast<uintptr_t>(kit_.rbufs + size_t{slot} * wire::kRecvBufBytes),
+              static_cast<uint32_t>(wire::kRecvBufBytes), kit_.rbuf_mr->lkey};
   ibv_recv_wr wr{};
   wr.wr_id = kRecvTag | slot;
   wr.sg_list = &sge;
@@ -124,9 +124,9 @@ bool Connection::post_credit() {
   if (sq_free() < 1 || !tx_.credit_allowed(rx_.slots_owed())) return false;
   bool full = rx_.window_full();
   wire::CreditBlock cb{rx_.tail_to_advertise(), static_cast<uint32_t>(rx_.slots_to_advertise()), 0};
-  std::byte* buf = tx_mem_ + ring_bytes_ + (sq_seq_ % sq_depth_) * wire::kRecvBufBytes;
+  std::byte* buf = kit_.tx_mem + ring_bytes_ + (sq_seq_ % sq_depth_) * wire::kRecvBufBytes;
   bool sig = signal_next(false);
-  if (!post_small_send(qp_, tx_mr_, buf, &cb, sizeof cb, wire::make_imm(wire::Op::kCredit, 0),
+  if (!post_small_send(qp_, kit_.tx_mr, buf, &cb, sizeof cb, wire::make_imm(wire::Op::kCredit, 0),
                        sring_.head(), max_inline_ >= sizeof cb, sig)) {
     fail(ECONNRESET);
     return false;
@@ -144,11 +144,11 @@ bool Connection::post_credit() {
 // always follow (docs/TRANSPORT.md, "Credits").
 bool Connection::post_control(wire::ControlType type, const void* data, size_t len) {
   if (sq_free() < 2 || tx_.free_slots() < 2) return false;
-  std::byte* buf = tx_mem_ + ring_bytes_ + (sq_seq_ % sq_depth_) * wire::kRecvBufBytes;
+  std::byte* buf = kit_.tx_mem + ring_bytes_ + (sq_seq_ % sq_depth_) * wire::kRecvBufBytes;
   uint32_t imm = wire::make_imm(wire::Op::kControl, wire::control_value(type, uint32_t(len)));
   // FIN and CLOSE are signalled: the close waits for every WR to complete.
   bool sig = signal_next(type != wire::ControlType::kApp);
-  if (!post_small_send(qp_, tx_mr_, buf, data, len, imm, sring_.head(), max_inline_ >= len,
+  if (!post_small_send(qp_, kit_.tx_mr, buf, data, len, imm, sring_.head(), max_inline_ >= len,
                        sig)) {
     fail(ECONNRESET);
     return false;
@@ -213,7 +213,7 @@ void Connection::flush_pending() {
 }
 
 bool Connection::handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_t byte_len) {
-  const std::byte* buf = rbufs_ + size_t{slot} * wire::kRecvBufBytes;
+  const std::byte* buf = kit_.rbufs + size_t{slot} * wire::kRecvBufBytes;
   uint32_t value = wire::imm_value(imm);
   switch (static_cast<wire::Op>(wire::imm_op(imm))) {
     case wire::Op::kData:
@@ -291,7 +291,7 @@ bool Connection::handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_
 }
 
 Status<void> Connection::poll_completions() {
-  if (cq_ != nullptr && established()) {
+  if (kit_.cq != nullptr && established()) {
     bool any = false;
     while (poll_cq()) any = true;
     if (any) flush_pending();
@@ -302,7 +302,7 @@ Status<void> Connection::poll_completions() {
 
 bool Connection::poll_cq() {
   ibv_wc wc[kPollBatch];
-  int n = ibv_poll_cq(cq_, kPollBatch, wc);
+  int n = ibv_poll_cq(kit_.cq, kPollBatch, wc);
   if (n <= 0) return false;
   ctr_.completions += uint64_t(n);
   for (int i = 0; i < n; ++i) {
@@ -423,7 +423,7 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
 }
 
 Status<size_t> Connection::recv(std::span<const iovec> iov, bool peek) {
-  if (rx_.readable() == 0 && cq_ != nullptr && poll_cq()) flush_pending();
+  if (rx_.readable() == 0 && kit_.cq != nullptr && poll_cq()) flush_pending();
   uint64_t avail = rx_.readable();
   if (avail == 0) {
     if (fin_received_) return size_t{0};
@@ -484,7 +484,7 @@ Status<void> Connection::send_control(uint8_t type, std::span<const std::byte> d
 }
 
 Status<ControlMessage> Connection::recv_control() {
-  if (controls_.empty() && cq_ != nullptr && poll_cq()) flush_pending();
+  if (controls_.empty() && kit_.cq != nullptr && poll_cq()) flush_pending();
   if (controls_.empty()) return state_ == State::kError ? Err(err_) : Err(EAGAIN);
   ControlMessage m = controls_.front();
   controls_.pop_front();
