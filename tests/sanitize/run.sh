@@ -89,8 +89,9 @@ done
 # one takes it over when the launcher exits.
 LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=20000 RSOCK_RESOLVE_TIMEOUT_MS=5000 python3 $SRC/tests/multiproc/inherited_listener.py 10.77.0.1 --fork-exec-exits > il.log 2>&1 || { report il.log; echo "FAIL: multiproc inherited_listener"; rc=1; }
 grep -h "^inherited_listener" il.log
-# Hostile peers against the transport, itself built with the sanitizers.
-for c in hostile foreign_rkey; do
+# Hostile peers against the transport, itself built with the sanitizers, and
+# closed connections' kits serving new ones (one of them attacked).
+for c in hostile foreign_rkey kit_reuse; do
   $B/tests/rdma/rsock_transport_vmtest \$c > tr.log 2>&1 || { report tr.log; echo "FAIL: transport \$c"; rc=1; }
   tail -1 tr.log
 done
