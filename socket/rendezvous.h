@@ -76,13 +76,14 @@ void server_awaits_request();
 // Peers that refused or did not answer, skipped for negative_cache_ttl_s.
 // `whole_host`: every port of the peer's address (a lossy path concerns the
 // host, not one service); a server also refuses such a host's requests.
-// `first_short`: the first failure of this peer and port (in the last
-// two TTLs) is skipped for kFirstStrikeNs only, the next ones for the whole
+// `first_short`: the first failure of this peer and port (in the last two
+// TTLs) is skipped for kFirstStrikeNs only, the next ones for the whole
 // TTL; a failed attempt that started (`attempt_ns`) before the first one
-// was recorded is no next one (connections opened together fail together). For peer_not_rsock: no rdma_cm listener answered, which is also what
-// a socket-activated service looks like while it starts (systemd accepted
-// the first connection's TCP and starts the program, which only then opens
-// its rdma_cm listener: socket/inherit.cc). With the whole TTL at the first
+// was recorded is no next one (connections opened together fail together).
+// For peer_not_rsock: no rdma_cm listener answered, which is also what a
+// socket-activated service looks like while it starts (systemd accepted the
+// first connection's TCP and starts the program, which only then opens its
+// rdma_cm listener: socket/inherit.cc). With the whole TTL at the first
 // miss, its clients stayed on TCP for a minute after every start.
 inline constexpr uint64_t kFirstStrikeNs = 2'000'000'000;
 bool negative_cache_hit(const sockaddr_storage& peer);

@@ -234,6 +234,9 @@ Status<void> Connection::create_resources() {
 // and nowhere else (docs/TRANSPORT.md, "Isolation").
 Status<void> Connection::make_kit(ibv_context* ctx) {
   kit_.ctx = ctx;
+  kit_.ring_bytes = ring_bytes_;  // what the kit is made for (kit_pool::take matches them)
+  kit_.sq_depth = sq_depth_;
+  kit_.recv_slots = recv_slots_;
   // The mappings first: past their budget nothing else is worth creating.
   if (!kit_.maps) {
     if (!pinned::take_maps()) {
@@ -294,14 +297,6 @@ Status<void> Connection::create_qp() {
   }
   max_inline_ = qa.cap.max_inline_data;
   return Ok();
-}
-
-kit_pool::Kit Connection::take_kit() {
-  kit_pool::Kit k = std::exchange(kit_, kit_pool::Kit{});
-  k.ring_bytes = ring_bytes_;
-  k.sq_depth = sq_depth_;
-  k.recv_slots = recv_slots_;
-  return k;
 }
 
 // Whether a closing connection's kit (its QP already destroyed) can serve
@@ -878,7 +873,7 @@ void Connection::destroy_resources() {
     ibv_destroy_qp(qp_);
     qp_ = nullptr;
   }
-  kit_pool::Kit k = take_kit();
+  kit_pool::Kit k = std::exchange(kit_, kit_pool::Kit{});
   if (tun_.kit_pool > 0 && drain_kit(&k) && kit_pool::give(k, tun_.kit_pool)) k = {};
   kit_pool::destroy(&k);
   comp_ch_ = nullptr;  // the hub's

@@ -281,7 +281,6 @@ class Connection {
   Status<void> create_resources();
   Status<void> make_kit(ibv_context* ctx);
   Status<void> create_qp();
-  kit_pool::Kit take_kit();  // moves the kit out (none left here), not the QP
   static bool drain_kit(kit_pool::Kit* k);
   void destroy_resources();
   void fill_setup(wire::SetupBlock* b, wire::SetupKind kind,

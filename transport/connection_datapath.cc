@@ -305,11 +305,12 @@ bool Connection::poll_cq() {
   int n = ibv_poll_cq(kit_.cq, kPollBatch, wc);
   if (n <= 0) return false;
   ctr_.completions += uint64_t(n);
+  // A reused CQ (kit_pool.h) was drained when its last QP went, but a
+  // device may still deliver a completion of that QP: never ours.
+  const uint32_t own_qp = qp_->qp_num;
   for (int i = 0; i < n; ++i) {
     const ibv_wc& w = wc[i];
-    // A reused CQ (kit_pool.h) was drained when its last QP went, but a
-    // device may still deliver a completion of that QP: never ours.
-    if (w.qp_num != qp_->qp_num) [[unlikely]] continue;
+    if (w.qp_num != own_qp) [[unlikely]] continue;
     bool is_recv = (w.wr_id & kRecvTag) != 0;
     if (!is_recv) on_send_completion();
     if (w.status != IBV_WC_SUCCESS) {

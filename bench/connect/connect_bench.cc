@@ -209,11 +209,9 @@ int upgrade(const char* addr, int port, int n, int warmup) {
   double cpu0 = 0;
   for (int i = 0; i < n + warmup; i++) {
     if (i == warmup) cpu0 = cpu_secs();
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     auto t0 = Clock::now();
-    if (c < 0 || connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a)) {
+    int c = dial(a);
+    if (c < 0) {
       perror("rsock_connect_bench: connect");
       return 1;
     }

@@ -776,6 +776,21 @@ void wait_ended(rt::Connection& c, double secs, const char* what) {
   }
 }
 
+// The server's end of an attacker's connection: it ends (error or EOF)
+// within `secs`, never delivering a byte.
+void expect_attacker_gone(rt::Connection& a, double secs) {
+  uint64_t t0 = rsock::now_ns();
+  for (;;) {
+    char x;
+    iovec v{&x, 1};
+    auto rr = a.recv({&v, 1}, false);
+    if ((!rr.ok() && rr.error() != EAGAIN) || (rr.ok() && *rr == 0)) return;
+    CHECK(!rr.ok(), "attacker's connection delivered a byte");
+    CHECK(secs_since(t0) < secs, "attacker's connection still alive after %.0f s", secs);
+    (void)a.wait(POLLIN, 100);
+  }
+}
+
 // Isolation (docs/TRANSPORT.md): a hostile peer with two connections to one
 // process aims an RDMA WRITE through its first QP at the receive ring of its
 // second connection, with that ring's real address and rkey. The target's
@@ -789,19 +804,9 @@ int foreign_rkey_case() {
     auto a = accept_one(l);  // the attacker's QP
     auto b = accept_one(l);  // the victim: its ring is the target
     expect_seeded_then_eof(*b, kBytes, 7, "victim stream");
-    char x;
     // The attacker's connection is gone here too (its peer failed or
     // disconnected): recv reports an error or EOF, within a bounded time.
-    uint64_t t0 = rsock::now_ns();
-    for (;;) {
-      iovec v{&x, 1};
-      auto rr = a->recv({&v, 1}, false);
-      if (!rr.ok() && rr.error() != EAGAIN) break;
-      if (rr.ok() && *rr == 0) break;
-      CHECK(!rr.ok(), "attacker's connection delivered a byte");
-      CHECK(secs_since(t0) < 20, "attacker's connection still alive after 20 s");
-      (void)a->wait(POLLIN, 100);
-    }
+    expect_attacker_gone(*a, 20);
     log_line("foreign_rkey: server: victim stream intact (%zu bytes), attacker's connection ended",
              kBytes);
     return 0;
@@ -846,16 +851,7 @@ int kit_reuse_case() {
     CHECK(rt::kit_pool::idle() == 1, "%d kits pooled after c1's close, want 1", rt::kit_pool::idle());
     auto c2 = accept_one(l);
     CHECK(c2->reused_kit(), "c2 made a new kit with c1's in the pool");
-    uint64_t t0 = rsock::now_ns();
-    for (;;) {  // the attacker's connection ends (its write was refused)
-      char x;
-      iovec v{&x, 1};
-      auto rr = a->recv({&v, 1}, false);
-      if ((!rr.ok() && rr.error() != EAGAIN) || (rr.ok() && *rr == 0)) break;
-      CHECK(!rr.ok(), "attacker's connection delivered a byte");
-      CHECK(secs_since(t0) < 20, "attacker's connection still alive after 20 s");
-      (void)a->wait(POLLIN, 100);
-    }
+    expect_attacker_gone(*a, 20);  // its write was refused
     expect_seeded_then_eof(*c2, kBytes, 32, "c2 (on c1's kit, attacked)");
     c2.reset();
     a.reset();  // failed: its kit is drained and kept too, and is the newest
