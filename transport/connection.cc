@@ -342,6 +342,12 @@ void Connection::fill_setup(wire::SetupBlock* b, wire::SetupKind kind,
   if (kind == wire::SetupKind::kRequest) {
     b->version = wire::kWireMinVersion;
     b->max_version = wire::kWireVersion;
+    // Tests only: offer at most this version, as an older librsock would
+    // (transport.old_wire keeps the older data path tested).
+    if (const char* cap = getenv("RSOCK_DEBUG_WIRE_MAX")) {
+      int v = atoi(cap);
+      if (v >= wire::kWireMinVersion && v < wire::kWireVersion) b->max_version = uint8_t(v);
+    }
   } else {
     b->version = peer_.wire_version;
   }
@@ -482,6 +488,7 @@ void Connection::on_established(const void* pdata, size_t len) {
       return;
     }
     tx_.init(peer_.ring_bytes, peer_.recv_slots);
+    data_pos_ = peer_.wire_version >= wire::kDataPosVersion;  // (the server's: Listener)
   }
   set_state(State::kEstablished);
   deadline_ns_ = 0;

@@ -209,6 +209,11 @@ class Connection {
   uint64_t tx_position() const { return tx_.head(); }  // stream bytes sent
   uint64_t rx_position() const { return rx_.tail(); }  // stream bytes consumed
   uint64_t rx_arrived() const { return rx_.head(); }   // stream bytes received
+  // Stream bytes the device has acknowledged (a signalled send completion
+  // retires it and every write before it): tx_position() - tx_acked() is in
+  // flight, the measure of a path that is the limit (path_quality.h).
+  uint64_t tx_acked() const { return sring_.tail(); }
+  uint32_t send_window() const { return tx_.ring_bytes(); }  // the peer's ring now
 
   // For the socket layer's reverse switch (RDMA back to TCP): the stream
   // bytes still held in the send ring are [retained_from(), tx_position()):
@@ -251,6 +256,8 @@ class Connection {
   std::pair<uint64_t, uint32_t> debug_peer_ring() const { return {peer_.ring_addr, peer_.ring_rkey}; }
   // The resources came from a closed connection (kit_pool.h).
   bool reused_kit() const { return from_pool_; }
+  // The wire version this connection runs (negotiated at setup).
+  uint8_t wire_version() const { return peer_.wire_version; }
   // Tests only (a hostile peer): posts one message outside every rule of the
   // data path, no credit or WR accounting: kind kSend is SEND_WITH_IMM of
   // `len` bytes of `payload`, kSendNoImm a SEND without immediate, kWrite
@@ -355,6 +362,7 @@ class Connection {
   uint32_t recv_slots_ = 0;
   uint32_t max_inline_ = 0;
   bool from_pool_ = false;  // the resources are a closed connection's (kit_pool.h)
+  bool data_pos_ = false;   // DATA's immediate is its stream position (wire version 3)
   uint32_t sq_outstanding_ = 0;  // posted send WRs not known complete
   uint64_t sq_seq_ = 0;
   // Most send WRs are posted unsignalled: a signalled one's completion

@@ -34,9 +34,16 @@
 // consumes one of the peer's receive WRs carries a 32-bit immediate:
 //
 //   imm = op << 29 | value
-//   op 0 DATA    RDMA_WRITE_WITH_IMM of `value` (1..2^28) bytes, placed at the
-//                receiver's ring offset (stream position mod ring size); never
-//                wraps (the sender splits at the ring end).
+//   op 0 DATA    RDMA_WRITE_WITH_IMM, placed at the receiver's ring offset
+//                (stream position mod ring size); never wraps (the sender
+//                splits at the ring end). Wire versions 1 and 2: value = its
+//                length (1..2^28 bytes). Version 3: value = the stream
+//                position of its first byte mod 2^29, and the length is the
+//                completion's byte_len; a DATA that does not start exactly
+//                where the receiver's stream stands (a duplicated or
+//                misplaced completion: rxe under heavy retransmission
+//                delivers one now and then) resets the connection instead of
+//                passing bytes the write never placed.
 //   op 1 CREDIT  SEND_WITH_IMM, value 0, 16-byte CreditBlock payload:
 //                u64 consumed  (stream bytes the receiver has consumed, absolute)
 //                u32 slots     (receive WRs ever posted for the peer, absolute)
@@ -73,8 +80,9 @@ inline constexpr uint32_t kMagic = 0x4b535231;
 // one both ends speak (negotiate_wire) and says it in its accept; a request
 // with none in common is rejected with kBadVersion (docs/VERSIONS.md).
 inline constexpr uint8_t kWireMinVersion = 1;
-inline constexpr uint8_t kWireVersion = 2;
+inline constexpr uint8_t kWireVersion = 3;
 inline constexpr uint8_t kRingMoveVersion = 2;  // RING / RING_ACK (rings grow and shrink)
+inline constexpr uint8_t kDataPosVersion = 3;   // DATA's immediate: its stream position
 inline constexpr size_t kMaxPayload = 32;          // opaque setup payload
 inline constexpr size_t kSetupHeaderBytes = 24;    // SetupBlock without payload
 inline constexpr size_t kRejectBytes = 8;          // magic..reason
@@ -148,6 +156,10 @@ constexpr uint32_t make_imm(Op op, uint32_t value) {
 }
 constexpr uint32_t imm_op(uint32_t imm) { return imm >> kOpShift; }
 constexpr uint32_t imm_value(uint32_t imm) { return imm & kValueMask; }
+// DATA's immediate value (wire version 3): where it starts in the stream.
+constexpr uint32_t data_pos_value(uint64_t stream_pos) {
+  return static_cast<uint32_t>(stream_pos) & kValueMask;
+}
 constexpr uint32_t control_value(ControlType t, uint32_t len) {
   return (static_cast<uint32_t>(t) << 8) | len;
 }

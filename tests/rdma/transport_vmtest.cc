@@ -1007,6 +1007,10 @@ std::vector<HostileCase> hostile_cases() {
       {"data_over_credit", K::kWrite, w::make_imm(w::Op::kData, (1u << 28) - 1),
        std::vector<unsigned char>(8, 0xee)},
       {"data_as_send", K::kSend, w::make_imm(w::Op::kData, 8), std::vector<unsigned char>(8)},
+      // Wire version 3: a DATA that claims another stream position than the
+      // receiver's (what a duplicated write completion looks like).
+      {"data_misplaced", K::kWrite, w::make_imm(w::Op::kData, 12345),
+       std::vector<unsigned char>(8, 0xee)},
       {"control_len_mismatch", K::kSend, ctl | w::control_value(w::ControlType::kApp, 40),
        std::vector<unsigned char>(4)},
       {"control_too_long", K::kSend, ctl | w::control_value(w::ControlType::kApp, 60),
@@ -1096,12 +1100,49 @@ int hostile_case() {
   return run_pair(server, client, tun, 180);
 }
 
+// A peer of wire version 2 (RSOCK_DEBUG_WIRE_MAX on the client, as an older
+// librsock offers): DATA's immediate is its length again, both ways, and
+// both ends know the version they run.
+int old_wire_case() {
+  Tunables tun = test_tunables();
+  constexpr size_t kBytes = 4u << 20;
+  auto server = [&](rt::Listener& l, pid_t) -> int {
+    auto c = accept_one(l);
+    CHECK(c->wire_version() == 2, "server runs wire version %u, want 2", c->wire_version());
+    char go = 0;
+    CHECK(recv_all(*c, &go, 1) && go == 'g', "no go from the client");
+    Rng r(31);
+    std::vector<char> data(kBytes);
+    fill(r, data.data(), kBytes);
+    send_all(*c, data.data(), kBytes);
+    expect_seeded_then_eof(*c, kBytes, 32, "the client's stream");
+    return 0;
+  };
+  auto client = [&](uint16_t port) -> int {
+    setenv("RSOCK_DEBUG_WIRE_MAX", "2", 1);
+    auto c = connect_to(port, tun);
+    CHECK(c->wire_version() == 2, "client runs wire version %u, want 2", c->wire_version());
+    char go = 'g';
+    send_all(*c, &go, 1);
+    std::vector<char> want(kBytes), got(kBytes);
+    Rng r(31);
+    fill(r, want.data(), kBytes);
+    CHECK(recv_all(*c, got.data(), kBytes), "EOF in the server's stream");
+    CHECK(std::memcmp(want.data(), got.data(), kBytes) == 0, "the server's stream differs");
+    send_seeded_and_close(*c, kBytes, 32);
+    log_line("old_wire: wire version 2 both ways, %zu bytes each way exact, %llu DATA received",
+             kBytes, (unsigned long long)c->counters().data_recvs);
+    return 0;
+  };
+  return run_pair(server, client, tun, 120);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|bidir|kill_reader_side|kill_writer_side|keepalive|stall|noport|reject|foreign_rkey|hostile|ring_move|kit_reuse\n", argv[0]);
+    std::fprintf(stderr, "usage: %s stream|slowreader|halfclose|many|bidir|kill_reader_side|kill_writer_side|keepalive|stall|noport|reject|foreign_rkey|hostile|ring_move|kit_reuse|old_wire\n", argv[0]);
     return 2;
   }
   skip_without_device();
@@ -1123,6 +1164,7 @@ int main(int argc, char** argv) {
   else if (c == "hostile") rc = hostile_case();
   else if (c == "ring_move") rc = ring_move_case();
   else if (c == "kit_reuse") rc = kit_reuse_case();
+  else if (c == "old_wire") rc = old_wire_case();
   std::printf("%s: %s in %.1f s\n", c.c_str(), rc == 0 ? "PASS" : "FAIL", secs_since(t0));
   return rc;
 }
