@@ -25,6 +25,7 @@ const KeySpec kKeys[] = {
     {"keepalive_ms", KeyKind::kUint, &Tunables::keepalive_ms, nullptr, 0, 3600000},
     {"stall_timeout_ms", KeyKind::kUint, &Tunables::stall_timeout_ms, nullptr, 0, 3600000},
     {"lossy_path_ppm", KeyKind::kUint, &Tunables::lossy_path_ppm, nullptr, 0, 1000000},
+    {"slow_path_ratio", KeyKind::kUint, &Tunables::slow_path_ratio, nullptr, 0, 1000000},
     // Ranges the transport accepts (transport/connection.cc, wire.h).
     {"send_queue_depth", KeyKind::kUint, &Tunables::send_queue_depth, nullptr, 8, 4096},
     {"recv_slots", KeyKind::kUint, &Tunables::recv_slots, nullptr, 4, 1024},

@@ -36,6 +36,13 @@ struct Tunables {
   // back and their peers stay on TCP for negative_cache_ttl_s. 0 = never.
   // (rxe between two guests: 0 on a clean wire, about 4600 with 2 % loss.)
   uint32_t lossy_path_ppm = 1000;
+  // A path (our connections to one peer host) whose RDMA delivery rate,
+  // while the path is the limit, falls this many times below the best it
+  // had (two 1 s windows in a row) has collapsed: its busy connections
+  // switch back and the host stays on TCP for negative_cache_ttl_s.
+  // 0 = never. (pair.slow: RoCE throttled to 4 Mbit/s, about 25 times
+  // below its best; to 8 Mbit/s, about 12 times.)
+  uint32_t slow_path_ratio = 8;
   uint32_t send_queue_depth = 128;    // send WRs per QP (data chunks, credits, control)
   uint32_t recv_slots = 64;           // receive WRs per QP; announced to the peer (4..1024)
   // Closed connections' verbs resources (PD, CQ, QP, registered rings) kept

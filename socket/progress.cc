@@ -8,6 +8,7 @@
 //
 // It ticks every kBusyTickMs while any stream is still switching and every
 // kIdleTickMs otherwise; listener fds and a command eventfd wake it early.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -725,12 +726,75 @@ PortWatch* port_watch(const Stream::PortLook& look) {
   return &p;
 }
 
+// The throughput collapse (path_quality::RateJudge): one judge per peer
+// host our streams run on RDMA to, fed at the same looks as the ports. A
+// host whose judge says collapsed sends its busy streams back to TCP
+// (slow_path) and goes into the negative cache, whole host, like a lossy
+// port's peers. A host's best rate outlives its streams for the judge's
+// kBestTtlNs (a connection that upgrades again to a still-slow path is
+// judged at once), at most kMaxHostWatches of them. A peer on our own
+// address is not judged: between two processes of one host (rxe's
+// loopback) there is no wire that TCP could use better, and the rate
+// follows the CPU, which TCP shares.
+bool rate_judged(const Stream& st) {
+  return !same_ip(reinterpret_cast<const sockaddr*>(&st.local()),
+                  reinterpret_cast<const sockaddr*>(&st.peer()));
+}
+constexpr size_t kMaxHostWatches = 256;
+struct HostWatch {
+  sockaddr_storage host;
+  transport::path_quality::RateJudge judge;
+  uint64_t seen_ns = 0;
+  uint64_t acked = 0;     // this look: bytes acknowledged by its streams
+  bool busy = false;      // ... one of them was path-limited all along
+  bool looked = false;    // ... one of them was looked at
+  bool collapsed = false;
+};
+constinit util::NoDestroy<std::vector<HostWatch>> g_hosts_storage;
+std::vector<HostWatch>& g_hosts = g_hosts_storage.value;
+
+HostWatch* host_watch(const sockaddr_storage& peer, uint64_t now) {
+  for (auto& h : g_hosts)
+    if (same_ip(reinterpret_cast<const sockaddr*>(&h.host), reinterpret_cast<const sockaddr*>(&peer)))
+      return &h;
+  if (g_hosts.size() >= kMaxHostWatches) {
+    auto oldest = std::min_element(g_hosts.begin(), g_hosts.end(),
+                                   [](const HostWatch& a, const HostWatch& b) { return a.seen_ns < b.seen_ns; });
+    g_hosts.erase(oldest);
+  }
+  HostWatch& h = g_hosts.emplace_back();
+  h.host = peer;
+  h.seen_ns = now;
+  return &h;
+}
+
+void host_name(const HostWatch& h, char (&ip)[INET6_ADDRSTRLEN]) {
+  std::strcpy(ip, "?");
+  const auto* sa = reinterpret_cast<const sockaddr*>(&h.host);
+  if (sa->sa_family == AF_INET)
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, ip, sizeof ip);
+  else if (sa->sa_family == AF_INET6)
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, ip, sizeof ip);
+}
+
+void log_collapse(const HostWatch& h) {
+  char ip[INET6_ADDRSTRLEN];
+  host_name(h, ip);
+  LOG_WARN("RDMA to %s delivers %llu KiB/s, its best was %llu KiB/s (slow_path_ratio %u): its busy "
+           "connections go back to TCP, the host stays on TCP for %u s",
+           ip, (unsigned long long)(h.judge.last_bytes_per_sec() >> 10),
+           (unsigned long long)(h.judge.best_bytes_per_sec() >> 10),
+           process_config().tunables.slow_path_ratio, process_config().tunables.negative_cache_ttl_s);
+}
+
 // Under g_mu, every tick.
 void check_paths(uint64_t now) {
-  uint32_t ppm = process_config().tunables.lossy_path_ppm;
-  if (ppm == 0 || now < g_next_loss_check_ns) return;
+  const auto& tun = process_config().tunables;
+  uint32_t ppm = tun.lossy_path_ppm, ratio = tun.slow_path_ratio;
+  if ((ppm == 0 && ratio == 0) || now < g_next_loss_check_ns) return;
   g_next_loss_check_ns = now + (g_streams.size() <= kLossCheckFastMax ? kLossCheckFastNs : kLossCheckNs);
   for (auto& p : g_ports) p.seen = false;
+  for (auto& h : g_hosts) h.acked = 0, h.busy = h.looked = h.collapsed = false;
   bool any = false;
   // A stream whose lock is taken right now (its application is in the
   // middle of I/O) keeps the port it had: under load the port's judgement
@@ -745,8 +809,21 @@ void check_paths(uint64_t now) {
     Stream::PortLook look;
     st->loss_busy = true;
     if (st->look_port(&look)) {
+      bool fresh = st->loss_look_valid;  // the same connection's previous look
       st->loss_busy = look.moved != st->moved_at_loss_check;
       st->moved_at_loss_check = look.moved;
+      bool flight = transport::path_quality::RateJudge::path_limited(look.in_flight, look.window);
+      if (ratio != 0 && rate_judged(*st)) {
+        HostWatch* h = host_watch(st->peer(), now);
+        h->seen_ns = now;
+        h->looked = true;
+        if (fresh && look.acked >= st->acked_at_rate_check) {
+          h->acked += look.acked - st->acked_at_rate_check;
+          h->busy |= flight && st->rate_flight;
+        }
+      }
+      st->acked_at_rate_check = look.acked;
+      st->rate_flight = flight;
       st->loss_look = look;
       st->loss_look_valid = true;
     }
@@ -756,23 +833,51 @@ void check_paths(uint64_t now) {
   }
   std::erase_if(g_ports, [](const PortWatch& p) { return !p.seen; });  // a new judgement later
   if (!any) return;
-  for (auto& p : g_ports) {
-    auto v = p.judge.feed(transport::path_quality::read(p.device, p.port), now, ppm);
-    if (v != transport::path_quality::PortJudge::Verdict::kLossy) continue;
-    if (p.lossy_until_ns <= now)
-      LOG_WARN("%s port %u loses packets: %llu sequence errors in %llu packets (lossy_path_ppm "
-               "%u); its busy connections go back to TCP, their peers stay on TCP for %u s",
-               p.device, unsigned(p.port), (unsigned long long)p.judge.last_errors(),
-               (unsigned long long)p.judge.last_packets(), ppm,
-               process_config().tunables.negative_cache_ttl_s);
-    p.lossy_until_ns = now + kLossyHoldNs;
+  if (ratio != 0) {
+    for (auto& h : g_hosts) {
+      if (!h.looked) continue;
+      auto v = h.judge.feed(h.acked, h.busy, now, ratio);
+      if (v == transport::path_quality::RateJudge::Verdict::kNoData) continue;
+      if (log::level() >= log::Level::kDebug) {
+        char ip[INET6_ADDRSTRLEN];
+        host_name(h, ip);
+        LOG_DEBUG("RDMA to %s: %llu KiB/s while the path was the limit (best %llu KiB/s)", ip,
+                  (unsigned long long)(h.judge.last_bytes_per_sec() >> 10),
+                  (unsigned long long)(h.judge.best_bytes_per_sec() >> 10));
+      }
+      if (v != transport::path_quality::RateJudge::Verdict::kCollapsed) continue;
+      h.collapsed = true;
+      log_collapse(h);
+      // The host, whether or not a stream can switch back now (one that is
+      // already switching back for another reason must not upgrade again
+      // onto this path).
+      negative_cache_add(h.host, /*whole_host=*/true);
+    }
+  }
+  if (ppm != 0) {
+    for (auto& p : g_ports) {
+      auto v = p.judge.feed(transport::path_quality::read(p.device, p.port), now, ppm);
+      if (v != transport::path_quality::PortJudge::Verdict::kLossy) continue;
+      if (p.lossy_until_ns <= now)
+        LOG_WARN("%s port %u loses packets: %llu sequence errors in %llu packets (lossy_path_ppm "
+                 "%u); its busy connections go back to TCP, their peers stay on TCP for %u s",
+                 p.device, unsigned(p.port), (unsigned long long)p.judge.last_errors(),
+                 (unsigned long long)p.judge.last_packets(), ppm, tun.negative_cache_ttl_s);
+      p.lossy_until_ns = now + kLossyHoldNs;
+    }
   }
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
     if (!g_stream_owner[i] || st->phase() != Phase::kRdma || !st->loss_look_valid) continue;
+    if (!st->loss_busy) continue;
     PortWatch* p = port_watch(st->loss_look);
-    if (st->loss_busy && p->lossy_until_ns > now &&
-        st->try_revert(RevertMode::kKeep, stats::FallbackReason::kLossyPath))
+    stats::FallbackReason why = stats::FallbackReason::kNone;
+    if (p->lossy_until_ns > now) {
+      why = stats::FallbackReason::kLossyPath;
+    } else if (ratio != 0 && rate_judged(*st)) {
+      if (host_watch(st->peer(), now)->collapsed) why = stats::FallbackReason::kSlowPath;
+    }
+    if (why != stats::FallbackReason::kNone && st->try_revert(RevertMode::kKeep, why))
       negative_cache_add(st->peer(), /*whole_host=*/true);
   }
 }

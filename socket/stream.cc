@@ -1045,6 +1045,9 @@ bool Stream::look_port(PortLook* out) {
   std::snprintf(out->device, sizeof out->device, "%s", dev);
   out->port = conn_->port_num();
   out->moved = conn_->tx_position() + conn_->rx_arrived();
+  out->acked = conn_->tx_acked();
+  out->in_flight = conn_->tx_position() - conn_->tx_acked();
+  out->window = conn_->send_window();
   return true;
 }
 

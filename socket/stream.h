@@ -308,6 +308,9 @@ class Stream {
     char device[64];
     uint8_t port;
     uint64_t moved;
+    uint64_t acked;      // our bytes the device acknowledged (Connection::tx_acked)
+    uint64_t in_flight;  // posted and not acknowledged yet
+    uint32_t window;     // the peer's ring: the most that can be in flight
   };
   bool look_port(PortLook* out);
   // revert() if mu_ is free right now; whether it started.
@@ -316,6 +319,8 @@ class Stream {
   PortLook loss_look{};              // ... the port of its last look
   bool loss_look_valid = false;      // ... loss_look is of this stream on RDMA
   bool loss_busy = false;            // ... it moved bytes since the look before, or was locked
+  uint64_t acked_at_rate_check = 0;  // ... loss_look.acked at its previous look (RateJudge)
+  bool rate_flight = false;          // ... the previous look found kMinInFlight in flight
   // Upgrading again after a reverse switch (docs/DESIGN.md, "Upgrading
   // again"): a client's next rendezvous attempt is due (the progress thread
   // then calls start_client()); and whether the stream only waits for one

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <utility>
 
 #include "util/owned_fds.h"
 #include "util/sys.h"
@@ -161,6 +162,34 @@ PortJudge::Verdict PortJudge::feed(const Sample& s, uint64_t now_ns, uint32_t pp
   // err / pk >= ppm / 1e6, in integers (pk < 2^63 / 1e6 in any real window).
   if (ppm != 0 && err >= kMinErrors && err * 1000000 >= uint64_t{ppm} * pk) return Verdict::kLossy;
   return Verdict::kGood;
+}
+
+RateJudge::Verdict RateJudge::feed(uint64_t acked, bool busy, uint64_t now_ns, uint32_t ratio) {
+  uint64_t prev = std::exchange(last_ns_, now_ns);
+  if (prev == 0 || now_ns <= prev) return Verdict::kNoData;
+  if (!busy) return Verdict::kNoData;  // the window waits for busy time
+  win_ns_ += now_ns - prev;
+  win_bytes_ += acked;
+  if (win_ns_ < kWindowNs) return Verdict::kNoData;
+  // bytes * 1e9 / ns: a window of 2^64 / 1e9 bytes (18 GB) cannot happen in
+  // a few looks.
+  uint64_t bps = win_bytes_ * 1'000'000'000 / win_ns_;
+  win_ns_ = win_bytes_ = 0;
+  last_bps_ = bps;
+  if (best_ns_ != 0 && now_ns - best_ns_ > kBestTtlNs) best_bps_ = 0;  // a stale reference
+  if (bps >= best_bps_) {
+    best_bps_ = bps;
+    best_ns_ = now_ns;
+    slow_ = 0;
+    return Verdict::kGood;
+  }
+  if (ratio == 0 || best_bps_ < kMinBestBytesPerSec || bps * ratio > best_bps_) {
+    slow_ = 0;
+    return Verdict::kGood;
+  }
+  if (++slow_ < kSlowWindows) return Verdict::kGood;
+  slow_ = 0;
+  return Verdict::kCollapsed;
 }
 
 }  // namespace rsock::transport::path_quality

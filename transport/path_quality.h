@@ -24,6 +24,7 @@
 // every read (tests replace them by rename).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace rsock::transport::path_quality {
@@ -67,6 +68,55 @@ class PortJudge {
   Sample base_{};
   uint64_t base_ns_ = 0;
   uint64_t last_packets_ = 0, last_errors_ = 0;
+};
+
+// Judges a path (the connections to one peer host) by its delivery rate:
+// a throughput collapse is the third sign, next to loss and timeouts, that
+// RDMA does far worse than TCP would there ("choose the better path").
+// Seen between two rxe guests whose RoCE traffic alone was throttled
+// (pair.slow: a RoCE traffic class starved, TCP untouched): RC's ACKs waited
+// longer than the ACK timeout, every write went out several times, and the
+// stream crawled at a fraction of a megabyte per second, with neither a
+// sequence error nor, for long stretches, a failed completion.
+//
+// The rate counts only time when the path was the limit: bytes the device
+// acknowledged (send completions) while at least kMinInFlight bytes, or
+// half the peer's ring if that is less (a connection whose ring never grew
+// on a slow path), were posted and unacknowledged, at the start and the end
+// of a look's interval.
+// A slow reader keeps our bytes acknowledged but unconsumed (nothing in
+// flight); a sender with little to say keeps little in flight: neither is
+// the path's fault, and neither counts. Busy intervals add up to windows of
+// kWindowNs; a window at least `ratio` times slower than the best window
+// seen to the host (within kBestTtlNs) is slow, and kSlowWindows slow ones
+// in a row are a collapse. A faster window raises the best at once.
+class RateJudge {
+ public:
+  static constexpr uint64_t kMinInFlight = 64 * 1024;
+  static bool path_limited(uint64_t in_flight, uint32_t window) {
+    return in_flight > 0 && in_flight >= std::min<uint64_t>(kMinInFlight, window / 2);
+  }
+  static constexpr uint64_t kWindowNs = 1'000'000'000;
+  static constexpr uint32_t kSlowWindows = 2;
+  static constexpr uint64_t kBestTtlNs = 600'000'000'000;  // 10 minutes
+  // A best window under this is no reference (an idle trickle).
+  static constexpr uint64_t kMinBestBytesPerSec = 1 << 20;
+  enum class Verdict : uint8_t { kNoData, kGood, kCollapsed };
+  // One look's interval ending at now_ns: `acked` bytes acknowledged by the
+  // device over it, `busy`: the path was the limit all along. `ratio` 0:
+  // never collapsed.
+  Verdict feed(uint64_t acked, bool busy, uint64_t now_ns, uint32_t ratio);
+  uint64_t best_bytes_per_sec() const { return best_bps_; }
+  uint64_t last_bytes_per_sec() const { return last_bps_; }
+
+ private:
+  uint64_t last_ns_ = 0;     // the previous look
+  uint64_t win_ns_ = 0;      // busy time in the current window
+  uint64_t win_bytes_ = 0;   // ... and the bytes acknowledged in it
+  uint64_t best_bps_ = 0;
+  uint64_t best_ns_ = 0;
+  uint64_t last_bps_ = 0;
+  uint32_t slow_ = 0;
 };
 
 }  // namespace rsock::transport::path_quality

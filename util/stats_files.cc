@@ -34,7 +34,7 @@ const char* fallback_reason_name(FallbackReason r) {
       "timeout",  "negative_cache", "no_resources", "protocol", "unsupported",   "peer_closed",
       "forked",   "other",       "memlock",        "connect_failed",
       "path_failed", "handed_off",  "released",       "fd_limit",
-      "io_uring", "lossy_path"};
+      "io_uring", "lossy_path",     "slow_path"};
   auto i = static_cast<unsigned>(r);
   return i < kFallbackReasons ? kNames[i] : "unknown";
 }

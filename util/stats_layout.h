@@ -23,8 +23,10 @@ constexpr uint64_t kMagic = 0x0054534b434f5352ull;
 // 4: kPathFailed, kHandedOff, kReleased (an upgraded connection switched back),
 //    kFdLimit; SegmentHeader::release (the writer's librsock release)
 // 5: kIoUring
+// 6: kLossyPath
 // 7: SegmentHeader::resources (pinned memory, kits kept for reuse)
-constexpr uint32_t kLayoutVersion = 7;
+// 8: kSlowPath
+constexpr uint32_t kLayoutVersion = 8;
 constexpr uint32_t kInitialSlots = 64;
 constexpr uint32_t kMaxFiles = 20;  // main + 19 extensions, doubling: ~33M slots
 
@@ -69,8 +71,10 @@ enum class FallbackReason : uint8_t {
   kLossyPath = 21,      // its RDMA port lost packets at a rate where RC does far worse
                         // than TCP (transport/path_quality.h): back to TCP, the peer
                         // stays on TCP for negative_cache_ttl_s
+  kSlowPath = 22,       // its RDMA delivery rate to the peer host collapsed far below the
+                        // best it had (path_quality::RateJudge): back to TCP, the same
 };
-constexpr int kFallbackReasons = 22;
+constexpr int kFallbackReasons = 23;
 
 const char* transport_name(Transport t);
 const char* state_name(ConnState s);

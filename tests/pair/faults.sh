@@ -25,6 +25,19 @@
 #                delay without librsock (kernel TCP), the fault 0.5 s into
 #                the stream, for the figures in docs/PERFORMANCE.md (not in
 #                ctest).
+#   slow         RoCE alone (UDP port 4791) throttled to 4 Mbit/s on the
+#                client's link 2 s after it is on RDMA, TCP untouched (a
+#                RoCE traffic class starved by a misconfigured switch): the
+#                client's ACKs wait in the queue far longer than the 67 ms
+#                ACK timeout, so the server's RC retransmits all the time.
+#                The throughput collapse must send the connection back to
+#                TCP (fallback reason slow_path on at least one end), where
+#                it finishes, every byte checked. (rxe also sometimes
+#                completes one RDMA WRITE WITH IMMEDIATE twice here: before
+#                wire version 3 the receiver took the second completion for
+#                the next write and passed stale ring bytes, in about 2 runs
+#                of 3; now the DATA's stream position exposes it and the
+#                connection goes back to TCP, path_failed.)
 #   flap_close   the server writes 256 KiB and closes at once while the
 #                client's link is down for 3 s: the bytes sit unacknowledged
 #                in a connection lingering after close() whose RDMA path
@@ -40,6 +53,7 @@
 # Each must end with every byte checked on both ends and, after a fault, both
 # ends back on TCP (fallback reason path_failed on the side that saw it
 # fail). Prints both ends' RESULT lines and the reverse-switch log lines.
+# PAIR_EXTRA_ENV: more variables for both ends (RSOCK_LOG_LEVEL=debug, ...).
 # Run from the repository root. Exit 77 when no VM can be booted here.
 set -uo pipefail
 B=$(cd "${1:?usage: faults.sh BUILD CASE [MB]}" && pwd)
@@ -49,7 +63,7 @@ ROOT=$PWD
 why=$(tools/rxe-vm --check 2>&1) || { echo "SKIP: $why"; exit 77; }
 MARK=$B/pair-mark.$$
 rm -f "$MARK"
-ENV="LD_PRELOAD=$B/librsock.so RSOCK_LOG_LEVEL=${PAIR_LOG_LEVEL:-info} RSOCK_PAIR_MARK=$MARK"
+ENV="LD_PRELOAD=$B/librsock.so RSOCK_LOG_LEVEL=${PAIR_LOG_LEVEL:-info} RSOCK_PAIR_MARK=$MARK ${PAIR_EXTRA_ENV:-}"
 case $CASE in
   none) FAULT=":" ;;
   plain) FAULT=":"; ENV="RSOCK_PAIR_MARK=$MARK" ;;
@@ -58,6 +72,10 @@ case $CASE in
   kill_peer) FAULT="echo 'fault: power cut'; touch /run/rxe-vm/power-cut; sleep 600" ;;
   loss|plain_loss) FAULT="tc qdisc add dev rxe-eth0 root netem loss 2% && echo 'fault: netem loss 2%'" ;;
   delay|plain_delay) FAULT="tc qdisc add dev rxe-eth0 root netem delay 2ms && echo 'fault: netem delay 2ms'" ;;
+  slow) FAULT="sleep 1.5; tc qdisc add dev rxe-eth0 root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 &&
+tc qdisc add dev rxe-eth0 parent 1:3 handle 30: netem rate ${PAIR_SLOW_RATE:-4mbit} limit 100000 &&
+tc filter add dev rxe-eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 4791 0xffff flowid 1:3 &&
+echo 'fault: RoCE (UDP 4791) throttled'" ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
 case $CASE in
@@ -94,7 +112,7 @@ rm -f "$MARK"
 probe_out=$( (grep '^A|' | sed -n '/PROBE/,$p') <<<"$out"; (grep '^B|' | sed -n '/PROBE/,$p') <<<"$out")
 out_all=$out
 out=$( (grep '^A|' | sed '/PROBE/,$d') <<<"$out_all"; (grep '^B|' | sed '/PROBE/,$d') <<<"$out_all")
-grep -E "RESULT|fault|RDMA -> TCP|back on RDMA|FAIL|revert\[|loses packets|${PAIR_GREP:-RESULT}" <<<"$out"
+grep -E "RESULT|fault|RDMA -> TCP|back on RDMA|FAIL|revert\[|loses packets|delivers .* KiB|misplaced|${PAIR_GREP:-RESULT}" <<<"$out"
 if [ "$CASE" = kill_peer ]; then
   # B never reports a status (it powered off): judge A alone.
   r=$(grep -E '^A\| RESULT server ended_with_error' <<<"$out")
@@ -123,6 +141,14 @@ fi
 n=$(grep -c 'RESULT .*saw_rdma=1' <<<"$out")
 [ "$n" = 2 ] || { echo "FAIL: $CASE: both ends must have been on RDMA ($n did)"; exit 1; }
 case $CASE in delay) echo "PASS: $CASE"; exit 0 ;; esac  # figures: either path
+if [ "$CASE" = slow ]; then
+  grep -q 'RDMA -> TCP (slow_path)' <<<"$out" || {
+    echo "$out" | tail -30; echo "FAIL: slow: no end switched back for slow_path"; exit 1; }
+  n=$(grep -c "RESULT .*transport=0 " <<<"$out")
+  [ "$n" = 2 ] || { echo "FAIL: slow: both ends must end on TCP"; exit 1; }
+  echo "PASS: slow"
+  exit 0
+fi
 if [ "$CASE" = loss ]; then
   # Choosing the better path: the loss is noticed from the device counters
   # and the connection finishes on TCP.
