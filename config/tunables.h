@@ -38,7 +38,7 @@ struct Tunables {
   uint32_t lossy_path_ppm = 1000;
   // A path (our connections to one peer host) whose RDMA delivery rate,
   // while the path is the limit, falls this many times below the best it
-  // had (two 1 s windows in a row) has collapsed: its busy connections
+  // had (two 0.5 s windows of busy time in a row) has collapsed: its busy connections
   // switch back and the host stays on TCP for negative_cache_ttl_s.
   // 0 = never. (pair.slow: RoCE throttled to 4 Mbit/s, about 25 times
   // below its best; to 8 Mbit/s, about 12 times.)

@@ -174,7 +174,12 @@ RateJudge::Verdict RateJudge::feed(uint64_t acked, bool busy, uint64_t now_ns, u
   // bytes * 1e9 / ns: a window of 2^64 / 1e9 bytes (18 GB) cannot happen in
   // a few looks.
   uint64_t bps = win_bytes_ * 1'000'000'000 / win_ns_;
+  bool stalled = win_bytes_ == 0;
   win_ns_ = win_bytes_ = 0;
+  if (stalled) {
+    slow_ = 0;
+    return Verdict::kNoData;
+  }
   last_bps_ = bps;
   if (best_ns_ != 0 && now_ns - best_ns_ > kBestTtlNs) best_bps_ = 0;  // a stale reference
   if (bps >= best_bps_) {

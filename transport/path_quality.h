@@ -89,14 +89,18 @@ class PortJudge {
 // the path's fault, and neither counts. Busy intervals add up to windows of
 // kWindowNs; a window at least `ratio` times slower than the best window
 // seen to the host (within kBestTtlNs) is slow, and kSlowWindows slow ones
-// in a row are a collapse. A faster window raises the best at once.
+// in a row are a collapse. A faster window raises the best at once. A
+// window that delivered nothing at all is a stalled path, not a slow one:
+// RC's retries and the stall watchdog fail it (path_failed) and the
+// connection upgrades again once it works (a link flap), so such a window
+// ends a run of slow ones.
 class RateJudge {
  public:
   static constexpr uint64_t kMinInFlight = 64 * 1024;
   static bool path_limited(uint64_t in_flight, uint32_t window) {
     return in_flight > 0 && in_flight >= std::min<uint64_t>(kMinInFlight, window / 2);
   }
-  static constexpr uint64_t kWindowNs = 1'000'000'000;
+  static constexpr uint64_t kWindowNs = 500'000'000;
   static constexpr uint32_t kSlowWindows = 2;
   static constexpr uint64_t kBestTtlNs = 600'000'000'000;  // 10 minutes
   // A best window under this is no reference (an idle trickle).

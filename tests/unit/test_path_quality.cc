@@ -103,11 +103,13 @@ TEST_CASE("path quality: counters read from files named like rxe's or mlx5's") {
   rmdir(dir);
 }
 
-// The throughput collapse (RateJudge): busy time adds up to 1 s windows.
+// The throughput collapse (RateJudge): busy time adds up to 0.5 s windows.
 using rsock::transport::path_quality::RateJudge;
 using RateVerdict = RateJudge::Verdict;
 
 namespace {
+// Looks of 100 ms: kW of them fill one window.
+constexpr int kW = int(RateJudge::kWindowNs / (100 * kMs));
 // Feeds `looks` looks of 100 ms, each acknowledging `per_look` bytes.
 RateVerdict feed_for(RateJudge& j, uint64_t* now, int looks, uint64_t per_look, bool busy,
                      uint32_t ratio = 16) {
@@ -126,49 +128,60 @@ TEST_CASE("rate judge: a steady path is good; a 16-fold drop for two windows is 
   uint64_t now = 1000 * kMs;
   CHECK(j.feed(0, true, now, 16) == RateVerdict::kNoData);  // the first look is the base
   // 16 MiB/s (1.6 MiB per 100 ms): the best.
-  CHECK(feed_for(j, &now, 10, 1677722, true) == RateVerdict::kGood);
+  CHECK(feed_for(j, &now, 1 * kW, 1677722, true) == RateVerdict::kGood);
   CHECK(j.best_bytes_per_sec() > 16'000'000);
   // A fourth of it (four times more streams sharing the path): no collapse.
-  CHECK(feed_for(j, &now, 30, 1677722 / 4, true) == RateVerdict::kGood);
+  CHECK(feed_for(j, &now, 3 * kW, 1677722 / 4, true) == RateVerdict::kGood);
   // 1/20: the first slow window is only a warning, the second a collapse.
-  CHECK(feed_for(j, &now, 10, 1677722 / 20, true) == RateVerdict::kGood);
-  CHECK(feed_for(j, &now, 10, 1677722 / 20, true) == RateVerdict::kCollapsed);
+  CHECK(feed_for(j, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kGood);
+  CHECK(feed_for(j, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kCollapsed);
   CHECK(j.last_bytes_per_sec() * 16 < j.best_bytes_per_sec());
+}
+
+TEST_CASE("rate judge: a window that delivered nothing (a link down) ends a run of slow ones") {
+  RateJudge j;
+  uint64_t now = 1000 * kMs;
+  j.feed(0, true, now, 16);
+  feed_for(j, &now, 1 * kW, 1677722, true);
+  CHECK(feed_for(j, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kGood);  // slow 1
+  CHECK(feed_for(j, &now, 3 * kW, 0, true) == RateVerdict::kNoData);            // stalled
+  CHECK(feed_for(j, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kGood);  // slow 1 again
+  CHECK(feed_for(j, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kCollapsed);
 }
 
 TEST_CASE("rate judge: only busy time counts; a fast window in between starts again") {
   RateJudge j;
   uint64_t now = 1000 * kMs;
   j.feed(0, true, now, 16);
-  feed_for(j, &now, 10, 1677722, true);
+  feed_for(j, &now, 1 * kW, 1677722, true);
   // Idle or reader-limited looks (nothing in flight) never count, however
   // long and however little they move.
-  CHECK(feed_for(j, &now, 100, 0, false) == RateVerdict::kNoData);
-  CHECK(feed_for(j, &now, 10, 1677722 / 20, true) == RateVerdict::kGood);   // slow 1
-  CHECK(feed_for(j, &now, 10, 1677722, true) == RateVerdict::kGood);        // fast again
-  CHECK(feed_for(j, &now, 10, 1677722 / 20, true) == RateVerdict::kGood);   // slow 1 again
-  CHECK(feed_for(j, &now, 10, 1677722 / 20, true) == RateVerdict::kCollapsed);
+  CHECK(feed_for(j, &now, 10 * kW, 0, false) == RateVerdict::kNoData);
+  CHECK(feed_for(j, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kGood);   // slow 1
+  CHECK(feed_for(j, &now, 1 * kW, 1677722, true) == RateVerdict::kGood);        // fast again
+  CHECK(feed_for(j, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kGood);   // slow 1 again
+  CHECK(feed_for(j, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kCollapsed);
 }
 
 TEST_CASE("rate judge: ratio 0, a trickle of a best, and a best older than 10 minutes") {
   RateJudge j;
   uint64_t now = 1000 * kMs;
   j.feed(0, true, now, 0);
-  feed_for(j, &now, 10, 1677722, true, 0);
-  CHECK(feed_for(j, &now, 40, 1000, true, 0) == RateVerdict::kGood);  // never with ratio 0
+  feed_for(j, &now, 1 * kW, 1677722, true, 0);
+  CHECK(feed_for(j, &now, 4 * kW, 1000, true, 0) == RateVerdict::kGood);  // never with ratio 0
 
   RateJudge t;  // a best of 100 KiB/s is no reference
   now = 1000 * kMs;
   t.feed(0, true, now, 16);
-  feed_for(t, &now, 10, 10240, true);
-  CHECK(feed_for(t, &now, 40, 10, true) == RateVerdict::kGood);
+  feed_for(t, &now, 1 * kW, 10240, true);
+  CHECK(feed_for(t, &now, 4 * kW, 10, true) == RateVerdict::kGood);
 
   RateJudge o;  // the best expires: the slow rate becomes the new reference
   now = 1000 * kMs;
   o.feed(0, true, now, 16);
-  feed_for(o, &now, 10, 1677722, true);
+  feed_for(o, &now, 1 * kW, 1677722, true);
   now += RateJudge::kBestTtlNs;
   CHECK(o.feed(0, false, now, 16) == RateVerdict::kNoData);  // (no stream for 10 minutes)
-  CHECK(feed_for(o, &now, 10, 1677722 / 20, true) == RateVerdict::kGood);
-  CHECK(feed_for(o, &now, 20, 1677722 / 20, true) == RateVerdict::kGood);
+  CHECK(feed_for(o, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kGood);
+  CHECK(feed_for(o, &now, 2 * kW, 1677722 / 20, true) == RateVerdict::kGood);
 }
