@@ -787,12 +787,10 @@ void log_collapse(const HostWatch& h) {
            process_config().tunables.slow_path_ratio, process_config().tunables.negative_cache_ttl_s);
 }
 
-// Under g_mu, every tick.
-void check_paths(uint64_t now) {
-  const auto& tun = process_config().tunables;
-  uint32_t ppm = tun.lossy_path_ppm, ratio = tun.slow_path_ratio;
-  if ((ppm == 0 && ratio == 0) || now < g_next_loss_check_ns) return;
-  g_next_loss_check_ns = now + (g_streams.size() <= kLossCheckFastMax ? kLossCheckFastNs : kLossCheckNs);
+// Under g_mu (check_paths): one look at every stream on RDMA: its port for
+// the loss judgement, its acknowledged bytes for its host's rate. Whether
+// any stream was looked at.
+bool look_at_streams(uint64_t now, bool rates) {
   for (auto& p : g_ports) p.seen = false;
   for (auto& h : g_hosts) h.acked = 0, h.busy = h.looked = h.collapsed = false;
   bool any = false;
@@ -813,7 +811,7 @@ void check_paths(uint64_t now) {
       st->loss_busy = look.moved != st->moved_at_loss_check;
       st->moved_at_loss_check = look.moved;
       bool flight = transport::path_quality::RateJudge::path_limited(look.in_flight, look.window);
-      if (ratio != 0 && rate_judged(*st)) {
+      if (rates && rate_judged(*st)) {
         HostWatch* h = host_watch(st->peer(), now);
         h->seen_ns = now;
         h->looked = true;
@@ -832,54 +830,74 @@ void check_paths(uint64_t now) {
     any = true;
   }
   std::erase_if(g_ports, [](const PortWatch& p) { return !p.seen; });  // a new judgement later
-  if (!any) return;
-  if (ratio != 0) {
-    for (auto& h : g_hosts) {
-      if (!h.looked) continue;
-      auto v = h.judge.feed(h.acked, h.busy, now, ratio);
-      if (v == transport::path_quality::RateJudge::Verdict::kNoData) continue;
-      if (log::level() >= log::Level::kDebug) {
-        char ip[INET6_ADDRSTRLEN];
-        host_name(h, ip);
-        LOG_DEBUG("RDMA to %s: %llu KiB/s while the path was the limit (best %llu KiB/s)", ip,
-                  (unsigned long long)(h.judge.last_bytes_per_sec() >> 10),
-                  (unsigned long long)(h.judge.best_bytes_per_sec() >> 10));
-      }
-      if (v != transport::path_quality::RateJudge::Verdict::kCollapsed) continue;
-      h.collapsed = true;
-      log_collapse(h);
-      // The host, whether or not a stream can switch back now (one that is
-      // already switching back for another reason must not upgrade again
-      // onto this path).
-      negative_cache_add(h.host, /*whole_host=*/true);
+  return any;
+}
+
+// Under g_mu (check_paths): each host looked at gets this look's bytes.
+void judge_hosts(uint64_t now, uint32_t ratio) {
+  for (auto& h : g_hosts) {
+    if (!h.looked) continue;
+    auto v = h.judge.feed(h.acked, h.busy, now, ratio);
+    if (v == transport::path_quality::RateJudge::Verdict::kNoData) continue;
+    if (log::level() >= log::Level::kDebug) {
+      char ip[INET6_ADDRSTRLEN];
+      host_name(h, ip);
+      LOG_DEBUG("RDMA to %s: %llu KiB/s while the path was the limit (best %llu KiB/s)", ip,
+                (unsigned long long)(h.judge.last_bytes_per_sec() >> 10),
+                (unsigned long long)(h.judge.best_bytes_per_sec() >> 10));
     }
+    if (v != transport::path_quality::RateJudge::Verdict::kCollapsed) continue;
+    h.collapsed = true;
+    log_collapse(h);
+    // The host, whether or not a stream can switch back now (one that is
+    // already switching back for another reason must not upgrade again
+    // onto this path).
+    negative_cache_add(h.host, /*whole_host=*/true);
   }
-  if (ppm != 0) {
-    for (auto& p : g_ports) {
-      auto v = p.judge.feed(transport::path_quality::read(p.device, p.port), now, ppm);
-      if (v != transport::path_quality::PortJudge::Verdict::kLossy) continue;
-      if (p.lossy_until_ns <= now)
-        LOG_WARN("%s port %u loses packets: %llu sequence errors in %llu packets (lossy_path_ppm "
-                 "%u); its busy connections go back to TCP, their peers stay on TCP for %u s",
-                 p.device, unsigned(p.port), (unsigned long long)p.judge.last_errors(),
-                 (unsigned long long)p.judge.last_packets(), ppm, tun.negative_cache_ttl_s);
-      p.lossy_until_ns = now + kLossyHoldNs;
-    }
+}
+
+// Under g_mu (check_paths): each port seen gets its counters read.
+void judge_ports(uint64_t now, uint32_t ppm) {
+  for (auto& p : g_ports) {
+    auto v = p.judge.feed(transport::path_quality::read(p.device, p.port), now, ppm);
+    if (v != transport::path_quality::PortJudge::Verdict::kLossy) continue;
+    if (p.lossy_until_ns <= now)
+      LOG_WARN("%s port %u loses packets: %llu sequence errors in %llu packets (lossy_path_ppm "
+               "%u); its busy connections go back to TCP, their peers stay on TCP for %u s",
+               p.device, unsigned(p.port), (unsigned long long)p.judge.last_errors(),
+               (unsigned long long)p.judge.last_packets(), ppm,
+               process_config().tunables.negative_cache_ttl_s);
+    p.lossy_until_ns = now + kLossyHoldNs;
   }
+}
+
+// Under g_mu (check_paths): the busy streams on a lossy port or to a
+// collapsed host switch back, and their peer hosts are cached.
+void revert_on_bad_paths(uint64_t now, bool rates) {
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
     if (!g_stream_owner[i] || st->phase() != Phase::kRdma || !st->loss_look_valid) continue;
     if (!st->loss_busy) continue;
-    PortWatch* p = port_watch(st->loss_look);
     stats::FallbackReason why = stats::FallbackReason::kNone;
-    if (p->lossy_until_ns > now) {
+    if (port_watch(st->loss_look)->lossy_until_ns > now)
       why = stats::FallbackReason::kLossyPath;
-    } else if (ratio != 0 && rate_judged(*st)) {
-      if (host_watch(st->peer(), now)->collapsed) why = stats::FallbackReason::kSlowPath;
-    }
+    else if (rates && rate_judged(*st) && host_watch(st->peer(), now)->collapsed)
+      why = stats::FallbackReason::kSlowPath;
     if (why != stats::FallbackReason::kNone && st->try_revert(RevertMode::kKeep, why))
       negative_cache_add(st->peer(), /*whole_host=*/true);
   }
+}
+
+// Under g_mu, every tick.
+void check_paths(uint64_t now) {
+  const auto& tun = process_config().tunables;
+  const bool rates = tun.slow_path_ratio != 0, losses = tun.lossy_path_ppm != 0;
+  if ((!rates && !losses) || now < g_next_loss_check_ns) return;
+  g_next_loss_check_ns = now + (g_streams.size() <= kLossCheckFastMax ? kLossCheckFastNs : kLossCheckNs);
+  if (!look_at_streams(now, rates)) return;
+  if (rates) judge_hosts(now, tun.slow_path_ratio);
+  if (losses) judge_ports(now, tun.lossy_path_ppm);
+  revert_on_bad_paths(now, rates);
 }
 
 // Under g_mu, every tick: retries of takeovers whose port was taken, and
