@@ -121,6 +121,14 @@ RateVerdict feed_for(RateJudge& j, uint64_t* now, int looks, uint64_t per_look, 
   }
   return last;
 }
+// A judge whose best is one window of 16 MiB/s (ratio 16 unless told).
+RateJudge at_best(uint64_t* now, uint32_t ratio = 16) {
+  RateJudge j;
+  *now = 1000 * kMs;
+  j.feed(0, true, *now, ratio);
+  feed_for(j, now, 1 * kW, 1677722, true, ratio);
+  return j;
+}
 }  // namespace
 
 TEST_CASE("rate judge: a steady path is good; a 16-fold drop for two windows is a collapse") {
@@ -139,10 +147,8 @@ TEST_CASE("rate judge: a steady path is good; a 16-fold drop for two windows is 
 }
 
 TEST_CASE("rate judge: a window that delivered nothing (a link down) ends a run of slow ones") {
-  RateJudge j;
-  uint64_t now = 1000 * kMs;
-  j.feed(0, true, now, 16);
-  feed_for(j, &now, 1 * kW, 1677722, true);
+  uint64_t now;
+  RateJudge j = at_best(&now);
   CHECK(feed_for(j, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kGood);  // slow 1
   CHECK(feed_for(j, &now, 3 * kW, 0, true) == RateVerdict::kNoData);            // stalled
   CHECK(feed_for(j, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kGood);  // slow 1 again
@@ -150,10 +156,8 @@ TEST_CASE("rate judge: a window that delivered nothing (a link down) ends a run 
 }
 
 TEST_CASE("rate judge: only busy time counts; a fast window in between starts again") {
-  RateJudge j;
-  uint64_t now = 1000 * kMs;
-  j.feed(0, true, now, 16);
-  feed_for(j, &now, 1 * kW, 1677722, true);
+  uint64_t now;
+  RateJudge j = at_best(&now);
   // Idle or reader-limited looks (nothing in flight) never count, however
   // long and however little they move.
   CHECK(feed_for(j, &now, 10 * kW, 0, false) == RateVerdict::kNoData);
@@ -164,10 +168,8 @@ TEST_CASE("rate judge: only busy time counts; a fast window in between starts ag
 }
 
 TEST_CASE("rate judge: ratio 0, a trickle of a best, and a best older than 10 minutes") {
-  RateJudge j;
-  uint64_t now = 1000 * kMs;
-  j.feed(0, true, now, 0);
-  feed_for(j, &now, 1 * kW, 1677722, true, 0);
+  uint64_t now;
+  RateJudge j = at_best(&now, 0);
   CHECK(feed_for(j, &now, 4 * kW, 1000, true, 0) == RateVerdict::kGood);  // never with ratio 0
 
   RateJudge t;  // a best of 100 KiB/s is no reference
@@ -176,10 +178,7 @@ TEST_CASE("rate judge: ratio 0, a trickle of a best, and a best older than 10 mi
   feed_for(t, &now, 1 * kW, 10240, true);
   CHECK(feed_for(t, &now, 4 * kW, 10, true) == RateVerdict::kGood);
 
-  RateJudge o;  // the best expires: the slow rate becomes the new reference
-  now = 1000 * kMs;
-  o.feed(0, true, now, 16);
-  feed_for(o, &now, 1 * kW, 1677722, true);
+  RateJudge o = at_best(&now);  // the best expires: the slow rate becomes the new reference
   now += RateJudge::kBestTtlNs;
   CHECK(o.feed(0, false, now, 16) == RateVerdict::kNoData);  // (no stream for 10 minutes)
   CHECK(feed_for(o, &now, 1 * kW, 1677722 / 20, true) == RateVerdict::kGood);
