@@ -181,8 +181,11 @@ struct Pump {
                                size_t n) {
   size_t i = 0;
   while (got[i] == want[i]) i++;
-  size_t end = i;
-  while (end < n && (got[end] != want[end] || (end & 7) != 0)) end++;
+  // The run ends at the first whole 8-byte word (a word of the pattern)
+  // that is right again.
+  size_t end = (i | 7) + 1;
+  while (end < n && std::memcmp(got + end, want + end, std::min<size_t>(8, n - end)) != 0) end += 8;
+  end = std::min(end, n);
   size_t w = (i + 7) & ~size_t{7};
   if (p.rx % 8 != 0) w = i;  // (reads stay 8-aligned in practice)
   char from[96] = "no position within 8 MiB";
