@@ -136,8 +136,12 @@ Status<size_t> Stream::try_recv_source(std::span<const iovec> iov, int flags) {
     mh.msg_iovlen = iov.size();
     ssize_t r = sys::libc.recvmsg(tcp_fd_, &mh, (flags & (MSG_PEEK | MSG_OOB)) | MSG_DONTWAIT);
     if (r < 0) return Err(errno);
-    if (r == 0 && !peek && reup_ && !conn_ && phase() == Phase::kPending && iov_total(iov) > 0)
-      abandon_reupgrade();  // the peer's FIN: no switch marker can follow it
+    // The peer's FIN: no switch marker can follow it, so an upgrade again
+    // is over, also one whose RDMA connection is being set up (the peer
+    // started it, then closed: a fork child that exits at once). Left to
+    // that connection's failure, the socket read as upgrading until then.
+    if (r == 0 && !peek && reup_ && phase() == Phase::kPending && iov_total(iov) > 0)
+      abandon_reupgrade();
     if (r > 0 && !peek) {
       tcp_rx_ += uint64_t(r);
       if (holders_) holders_->rx.fetch_add(uint64_t(r), std::memory_order_relaxed);
