@@ -807,21 +807,21 @@ bool look_at_streams(uint64_t now, bool rates) {
     Stream::PortLook look;
     st->loss_busy = true;
     if (st->look_port(&look)) {
-      bool fresh = st->loss_look_valid;  // the same connection's previous look
       st->loss_busy = look.moved != st->moved_at_loss_check;
       st->moved_at_loss_check = look.moved;
-      bool flight = transport::path_quality::RateJudge::path_limited(look.in_flight, look.window);
       if (rates && rate_judged(*st)) {
         HostWatch* h = host_watch(st->peer(), now);
         h->seen_ns = now;
         h->looked = true;
-        if (fresh && look.acked >= st->acked_at_rate_check) {
-          h->acked += look.acked - st->acked_at_rate_check;
-          h->busy |= flight && st->rate_flight;
+        // Against the previous look of the same connection (loss_look).
+        const Stream::PortLook& prev = st->loss_look;
+        if (st->loss_look_valid && look.acked >= prev.acked) {
+          using transport::path_quality::RateJudge;
+          h->acked += look.acked - prev.acked;
+          h->busy |= RateJudge::path_limited(look.in_flight, look.window) &&
+                     RateJudge::path_limited(prev.in_flight, prev.window);
         }
       }
-      st->acked_at_rate_check = look.acked;
-      st->rate_flight = flight;
       st->loss_look = look;
       st->loss_look_valid = true;
     }
@@ -834,7 +834,9 @@ bool look_at_streams(uint64_t now, bool rates) {
 }
 
 // Under g_mu (check_paths): each host looked at gets this look's bytes.
-void judge_hosts(uint64_t now, uint32_t ratio) {
+// Whether one collapsed (it is in the negative cache then).
+bool judge_hosts(uint64_t now, uint32_t ratio) {
+  bool any = false;
   for (auto& h : g_hosts) {
     if (!h.looked) continue;
     auto v = h.judge.feed(h.acked, h.busy, now, ratio);
@@ -847,13 +849,14 @@ void judge_hosts(uint64_t now, uint32_t ratio) {
                 (unsigned long long)(h.judge.best_bytes_per_sec() >> 10));
     }
     if (v != transport::path_quality::RateJudge::Verdict::kCollapsed) continue;
-    h.collapsed = true;
+    h.collapsed = any = true;
     log_collapse(h);
     // The host, whether or not a stream can switch back now (one that is
     // already switching back for another reason must not upgrade again
     // onto this path).
     negative_cache_add(h.host, /*whole_host=*/true);
   }
+  return any;
 }
 
 // Under g_mu (check_paths): each port seen gets its counters read.
@@ -872,8 +875,9 @@ void judge_ports(uint64_t now, uint32_t ppm) {
 }
 
 // Under g_mu (check_paths): the busy streams on a lossy port or to a
-// collapsed host switch back, and their peer hosts are cached.
-void revert_on_bad_paths(uint64_t now, bool rates) {
+// collapsed host switch back (a collapsed host is cached already; a lossy
+// port's peers are cached here).
+void revert_on_bad_paths(uint64_t now, bool collapsed) {
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
     if (!g_stream_owner[i] || st->phase() != Phase::kRdma || !st->loss_look_valid) continue;
@@ -881,9 +885,10 @@ void revert_on_bad_paths(uint64_t now, bool rates) {
     stats::FallbackReason why = stats::FallbackReason::kNone;
     if (port_watch(st->loss_look)->lossy_until_ns > now)
       why = stats::FallbackReason::kLossyPath;
-    else if (rates && rate_judged(*st) && host_watch(st->peer(), now)->collapsed)
+    else if (collapsed && rate_judged(*st) && host_watch(st->peer(), now)->collapsed)
       why = stats::FallbackReason::kSlowPath;
-    if (why != stats::FallbackReason::kNone && st->try_revert(RevertMode::kKeep, why))
+    if (why != stats::FallbackReason::kNone && st->try_revert(RevertMode::kKeep, why) &&
+        why == stats::FallbackReason::kLossyPath)
       negative_cache_add(st->peer(), /*whole_host=*/true);
   }
 }
@@ -895,9 +900,9 @@ void check_paths(uint64_t now) {
   if ((!rates && !losses) || now < g_next_loss_check_ns) return;
   g_next_loss_check_ns = now + (g_streams.size() <= kLossCheckFastMax ? kLossCheckFastNs : kLossCheckNs);
   if (!look_at_streams(now, rates)) return;
-  if (rates) judge_hosts(now, tun.slow_path_ratio);
+  bool collapsed = rates && judge_hosts(now, tun.slow_path_ratio);
   if (losses) judge_ports(now, tun.lossy_path_ppm);
-  revert_on_bad_paths(now, rates);
+  revert_on_bad_paths(now, collapsed);
 }
 
 // Under g_mu, every tick: retries of takeovers whose port was taken, and

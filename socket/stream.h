@@ -319,8 +319,6 @@ class Stream {
   PortLook loss_look{};              // ... the port of its last look
   bool loss_look_valid = false;      // ... loss_look is of this stream on RDMA
   bool loss_busy = false;            // ... it moved bytes since the look before, or was locked
-  uint64_t acked_at_rate_check = 0;  // ... loss_look.acked at its previous look (RateJudge)
-  bool rate_flight = false;          // ... the previous look found kMinInFlight in flight
   // Upgrading again after a reverse switch (docs/DESIGN.md, "Upgrading
   // again"): a client's next rendezvous attempt is due (the progress thread
   // then calls start_client()); and whether the stream only waits for one

@@ -488,7 +488,6 @@ void Connection::on_established(const void* pdata, size_t len) {
       return;
     }
     tx_.init(peer_.ring_bytes, peer_.recv_slots);
-    data_pos_ = peer_.wire_version >= wire::kDataPosVersion;  // (the server's: Listener)
   }
   set_state(State::kEstablished);
   deadline_ns_ = 0;

@@ -310,6 +310,10 @@ class Connection {
   bool post_keepalive();
   void flush_pending();           // FIN/CLOSE/credit that waited for room
   uint32_t sq_free() const { return sq_depth_ - sq_outstanding_; }
+  // DATA's immediate is its stream position (wire version 3). From the
+  // negotiated version, which a server knows from the request on (its
+  // client's first DATA may come before its ESTABLISHED event).
+  bool data_pos() const { return peer_.wire_version >= wire::kDataPosVersion; }
   // Selective signalling: whether the next send WR asks for a completion,
   // and the bookkeeping after posting one and on a send completion.
   bool signal_next(bool force) const;
@@ -362,7 +366,6 @@ class Connection {
   uint32_t recv_slots_ = 0;
   uint32_t max_inline_ = 0;
   bool from_pool_ = false;  // the resources are a closed connection's (kit_pool.h)
-  bool data_pos_ = false;   // DATA's immediate is its stream position (wire version 3)
   uint32_t sq_outstanding_ = 0;  // posted send WRs not known complete
   uint64_t sq_seq_ = 0;
   // Most send WRs are posted unsignalled: a signalled one's completion

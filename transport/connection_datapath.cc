@@ -218,13 +218,13 @@ bool Connection::handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_
   switch (static_cast<wire::Op>(wire::imm_op(imm))) {
     case wire::Op::kData:
       // Version 3: a DATA must start where our stream stands (wire.h).
-      if (data_pos_ && value != wire::data_pos_value(rx_.head())) {
+      if (data_pos() && value != wire::data_pos_value(rx_.head())) {
         LOG_WARN("transport: qp %u: DATA of %u bytes for stream position %u, ours is %u (mod "
                  "2^29): a duplicated or misplaced write completion; resetting the connection",
                  qp_num(), byte_len, value, wire::data_pos_value(rx_.head()));
         return false;
       }
-      if (!rdma_imm || fin_received_ || !rx_.accept_data(data_pos_ ? byte_len : value)) return false;
+      if (!rdma_imm || fin_received_ || !rx_.accept_data(data_pos() ? byte_len : value)) return false;
       ++ctr_.data_recvs;
       data_seen_ = true;
       return true;
@@ -405,7 +405,7 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
     if (sig) wr.send_flags |= IBV_SEND_SIGNALED;
     wr.wr_id = sring_.head();
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-    wr.imm_data = htonl(wire::make_imm(wire::Op::kData, data_pos_
+    wr.imm_data = htonl(wire::make_imm(wire::Op::kData, data_pos()
                                                             ? wire::data_pos_value(tx_.head())
                                                             : static_cast<uint32_t>(n)));
     wr.sg_list = &sge;

@@ -192,9 +192,6 @@ Status<std::unique_ptr<Connection>> Listener::accept(IncomingRequest req,
   c->id_ = req.id_;
   req.id_ = nullptr;
   c->peer_ = req.setup_;
-  // (Before the QP can receive: the client's first DATA may arrive before
-  // our ESTABLISHED event.)
-  c->data_pos_ = c->peer_.wire_version >= wire::kDataPosVersion;
   c->tx_.init(c->peer_.ring_bytes, c->peer_.recv_slots);
   s = c->create_resources();
   if (!s) {
