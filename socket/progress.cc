@@ -748,7 +748,12 @@ struct HostWatch {
   uint64_t acked = 0;     // this look: bytes acknowledged by its streams
   bool busy = false;      // ... one of them was path-limited all along
   bool looked = false;    // ... one of them was looked at
-  bool collapsed = false;
+  // Until then its busy streams switch back: the verdict holds for
+  // kLossyHoldNs like a lossy port's, so that a stream whose lock was taken
+  // at the verdict's look (its application in the middle of a send)
+  // switches back at a later one. (A verdict for one look only left such a
+  // stream on the slow path until its peer's RC retries ran out.)
+  uint64_t collapsed_until_ns = 0;
 };
 constinit util::NoDestroy<std::vector<HostWatch>> g_hosts_storage;
 std::vector<HostWatch>& g_hosts = g_hosts_storage.value;
@@ -792,7 +797,7 @@ void log_collapse(const HostWatch& h) {
 // any stream was looked at.
 bool look_at_streams(uint64_t now, bool rates) {
   for (auto& p : g_ports) p.seen = false;
-  for (auto& h : g_hosts) h.acked = 0, h.busy = h.looked = h.collapsed = false;
+  for (auto& h : g_hosts) h.acked = 0, h.busy = h.looked = false;
   bool any = false;
   // A stream whose lock is taken right now (its application is in the
   // middle of I/O) keeps the port it had: under load the port's judgement
@@ -834,10 +839,12 @@ bool look_at_streams(uint64_t now, bool rates) {
 }
 
 // Under g_mu (check_paths): each host looked at gets this look's bytes.
-// Whether one collapsed (it is in the negative cache then).
+// Whether one collapsed within kLossyHoldNs (it is in the negative cache
+// then).
 bool judge_hosts(uint64_t now, uint32_t ratio) {
   bool any = false;
   for (auto& h : g_hosts) {
+    any |= h.collapsed_until_ns > now;
     if (!h.looked) continue;
     auto v = h.judge.feed(h.acked, h.busy, now, ratio);
     if (v == transport::path_quality::RateJudge::Verdict::kNoData) continue;
@@ -849,8 +856,9 @@ bool judge_hosts(uint64_t now, uint32_t ratio) {
                 (unsigned long long)(h.judge.best_bytes_per_sec() >> 10));
     }
     if (v != transport::path_quality::RateJudge::Verdict::kCollapsed) continue;
-    h.collapsed = any = true;
-    log_collapse(h);
+    any = true;
+    if (h.collapsed_until_ns <= now) log_collapse(h);
+    h.collapsed_until_ns = now + kLossyHoldNs;
     // The host, whether or not a stream can switch back now (one that is
     // already switching back for another reason must not upgrade again
     // onto this path).
@@ -885,7 +893,7 @@ void revert_on_bad_paths(uint64_t now, bool collapsed) {
     stats::FallbackReason why = stats::FallbackReason::kNone;
     if (port_watch(st->loss_look)->lossy_until_ns > now)
       why = stats::FallbackReason::kLossyPath;
-    else if (collapsed && rate_judged(*st) && host_watch(st->peer(), now)->collapsed)
+    else if (collapsed && rate_judged(*st) && host_watch(st->peer(), now)->collapsed_until_ns > now)
       why = stats::FallbackReason::kSlowPath;
     if (why != stats::FallbackReason::kNone && st->try_revert(RevertMode::kKeep, why) &&
         why == stats::FallbackReason::kLossyPath)
