@@ -8,7 +8,7 @@ SOL_RSOCK, RSOCK_TRANSPORT, RSOCK_FALLBACK_REASON, RSOCK_BYTES = 0x5253, 1, 4, 5
 FALLBACK_NAMES = ["none", "policy", "peer_not_rsock", "no_device", "resolve_failed", "rejected",
                   "timeout", "negative_cache", "no_resources", "protocol", "unsupported",
                   "peer_closed", "forked", "other", "memlock", "connect_failed", "path_failed",
-                  "handed_off", "released", "fd_limit", "io_uring", "lossy_path"]
+                  "handed_off", "released", "fd_limit", "io_uring", "lossy_path", "slow_path"]
 
 
 def transport_of(s):

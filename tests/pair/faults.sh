@@ -31,13 +31,15 @@
 #                client's ACKs wait in the queue far longer than the 67 ms
 #                ACK timeout, so the server's RC retransmits all the time.
 #                The throughput collapse must send the connection back to
-#                TCP (fallback reason slow_path on at least one end), where
-#                it finishes, every byte checked. (rxe also sometimes
-#                completes one RDMA WRITE WITH IMMEDIATE twice here: before
-#                wire version 3 the receiver took the second completion for
-#                the next write and passed stale ring bytes, in about 2 runs
-#                of 3; now the DATA's stream position exposes it and the
-#                connection goes back to TCP, path_failed.)
+#                TCP (fallback reason slow_path on at least one end, or
+#                the judge's warning when the server's RC retries ran out
+#                first, path_failed), where it finishes, every byte
+#                checked. (rxe also sometimes completes one RDMA WRITE
+#                WITH IMMEDIATE twice here: before wire version 3 the
+#                receiver took the second completion for the next write
+#                and passed stale ring bytes, in about 2 runs of 3; now
+#                the DATA's stream position exposes it and the connection
+#                goes back to TCP, path_failed.)
 #   flap_close   the server writes 256 KiB and closes at once while the
 #                client's link is down for 3 s: the bytes sit unacknowledged
 #                in a connection lingering after close() whose RDMA path
@@ -106,7 +108,14 @@ run_pair() {
   rm -f "$MARK"
 }
 run_pair
+if [ "$rc" = 75 ]; then
+  # The testbed's wire died (tools/rxe-pair): not this case's verdict.
+  grep -a 'testbed fault' <<<"$out"
+  echo "the case runs again (a guest's NIC stopped transmitting)"
+  run_pair
+fi
 rm -f "$MARK"
+[ -n "${PAIR_SAVE:-}" ] && printf '%s\n' "$out" >"$PAIR_SAVE"  # both guests' whole output
 # The flap's control connection (after PROBE in each guest's output) apart
 # from the stream the checks below are about.
 probe_out=$( (grep '^A|' | sed -n '/PROBE/,$p') <<<"$out"; (grep '^B|' | sed -n '/PROBE/,$p') <<<"$out")
@@ -146,11 +155,24 @@ if [ "$CASE" = loss ] || [ "$CASE" = slow ]; then
   # throughput collapse (the delivery rate) is noticed, and the connection
   # finishes on TCP.
   reason=lossy_path; [ "$CASE" = slow ] && reason=slow_path
-  grep -q "RDMA -> TCP ($reason)" <<<"$out" || {
-    echo "$out" | tail -30; echo "FAIL: $CASE: no end switched back for $reason"; exit 1; }
+  how=""
+  if ! grep -q "RDMA -> TCP ($reason)" <<<"$out"; then
+    # On the throttled path the server's RC retries may run out
+    # (path_failed) in the same moment the client's judge finds the
+    # collapse; the client then follows the server's switch back
+    # (released). That race still needs the judge's verdict, and the host
+    # in the negative cache keeps both ends on TCP (without the judge the
+    # connection upgrades again onto the slow path, 150 s).
+    if [ "$CASE" = slow ] && grep -q "delivers .* KiB/s, its best was" <<<"$out" &&
+       grep -q "RDMA -> TCP (path_failed)" <<<"$out"; then
+      how=" (the collapse was judged; the peer's RC retries ran out first, path_failed)"
+    else
+      echo "$out" | tail -30; echo "FAIL: $CASE: no end switched back for $reason"; exit 1
+    fi
+  fi
   n=$(grep -c "RESULT .*transport=0 " <<<"$out")
   [ "$n" = 2 ] || { echo "FAIL: $CASE: both ends must end on TCP"; exit 1; }
-  echo "PASS: $CASE"
+  echo "PASS: $CASE$how"
   exit 0
 fi
 want=0; [ "$CASE" = none ] && want=2
