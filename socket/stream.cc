@@ -613,7 +613,14 @@ bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why, bool repo
     return_out_off_ = 0;
   }
   tx_sent_abs_ = tcp_tx_ + conn_->tx_position();
-  down_out_ = {wire::kDownMagic, peer_cookie_, resume, tx_sent_abs_};
+  // A failed or bad path is said in the record (version 5): the peer
+  // reports the path too, not a hand-off.
+  const bool path_bad = version_ >= wire::kPathRecordVersion &&
+                        (why == stats::FallbackReason::kPathFailed ||
+                         why == stats::FallbackReason::kLossyPath ||
+                         why == stats::FallbackReason::kSlowPath);
+  down_out_ = {path_bad ? wire::kDownPathMagic : wire::kDownMagic, peer_cookie_, resume,
+               tx_sent_abs_};
   down_out_off_ = down_in_got_ = 0;
   down_done_ = down_parsed_ = false;
   return_in_need_ = return_in_got_ = 0;
@@ -712,7 +719,8 @@ bool Stream::advance_revert() {
     if (down_in_.resume < lo && version_ >= wire::kReturnVersion && conn_->retained_from() == 0 &&
         tcp_tx_ - down_in_.resume <= wire::kMaxReturnBytes)
       returned = tcp_tx_ - down_in_.resume;
-    if (down_in_.magic != wire::kDownMagic || down_in_.cookie != my_cookie_ ||
+    if (!wire::down_magic(&down_in_.magic, sizeof down_in_.magic, version_) ||
+        down_in_.cookie != my_cookie_ ||
         (down_in_.resume < lo && returned == 0) || down_in_.resume > tx_sent_abs_) {
       break_connection(ECONNRESET, "bad reverse switch record from the peer");
       return true;
@@ -1185,11 +1193,12 @@ bool Stream::share_for_pass_locked() {
 // first, it still reads as path_failed.)
 stats::FallbackReason Stream::failure_reason() const {
   uint64_t magic = 0;
+  bool path = false;
   bool down = tcp_fd_ >= 0 &&
               sys::libc.recv(tcp_fd_, &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT) ==
                   ssize_t(sizeof magic) &&
-              magic == wire::kDownMagic;
-  return down ? stats::FallbackReason::kReleased : stats::FallbackReason::kPathFailed;
+              wire::down_magic(&magic, sizeof magic, version_, &path);
+  return down && !path ? stats::FallbackReason::kReleased : stats::FallbackReason::kPathFailed;
 }
 
 // Under mu_: a slot at the stream's positions. In the per-user table, found
@@ -1726,14 +1735,15 @@ bool Stream::check_idle_tcp() {
     ssize_t r = sys::libc.recv(tcp_fd_, &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT);
     if (r < 0 && errno == EAGAIN) return true;
     if (r <= 0) return false;  // EOF or error: the peer's teardown, RDMA has the rest
-    if (r == sizeof magic && magic == wire::kDownMagic) {
+    bool path = false;
+    if (r == sizeof magic && wire::down_magic(&magic, sizeof magic, version_, &path)) {
       // The peer switches back to TCP: join it (its record is read there;
-      // wake() below announces the change).
-      if (!revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased, true,
-                         /*may_return=*/true))
+      // wake() below announces the change), for its reason.
+      if (!revert_locked(RevertMode::kKeep,
+                         path ? stats::FallbackReason::kPathFailed : stats::FallbackReason::kReleased,
+                         true, /*may_return=*/true))
         break_connection(ECONNRESET, "the peer switched back to TCP and this end cannot");
-    } else if (r < ssize_t(sizeof magic) &&
-               std::memcmp(&magic, &wire::kDownMagic, size_t(r)) == 0) {
+    } else if (r < ssize_t(sizeof magic) && wire::down_magic(&magic, size_t(r), version_)) {
       return true;  // the start of a record: look again when the rest is in
     } else {
       // What came, for the report: a peer without librsock's state writes
@@ -1898,8 +1908,11 @@ bool Stream::linger_done() {
     // The peer switches back (its process exits, or hands the connection
     // off): join it at once, rather than make it wait out its bound.
     uint64_t magic = 0;
+    bool path = false;
     if (sys::libc.recv(tcp_fd_, &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT) == sizeof magic &&
-        magic == wire::kDownMagic && revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased)) {
+        wire::down_magic(&magic, sizeof magic, version_, &path) &&
+        revert_locked(RevertMode::kKeep, path ? stats::FallbackReason::kPathFailed
+                                              : stats::FallbackReason::kReleased)) {
       linger_deadline_ns_ = deadline_ns_;  // the reverse switch's own bound
       return false;
     }

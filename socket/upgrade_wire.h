@@ -39,18 +39,21 @@
 // 3. After the switch: RESET {} (abortive close, SO_LINGER {1,0}).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "transport/wire.h"
 
 namespace rsock::socket::wire {
 
 inline constexpr uint32_t kRendezvousMagic = 0x50555352;  // "RSUP"
-inline constexpr uint8_t kRendezvousVersion = 4;     // the highest we speak
+inline constexpr uint8_t kRendezvousVersion = 5;     // the highest we speak
 inline constexpr uint8_t kRendezvousMinVersion = 1;  // the lowest we speak
 inline constexpr uint8_t kRevertVersion = 2;         // the first with the reverse switch
 inline constexpr uint8_t kRedirectVersion = 3;       // the first that follows a redirect
 inline constexpr uint8_t kReturnVersion = 4;         // the first that returns unread TCP bytes
+inline constexpr uint8_t kPathRecordVersion = 5;     // the first whose DOWN record can say "my path failed"
 // The most of its own pre-switch TCP bytes a peer may ask us to send again
 // (a DOWN record's `resume` below our switch offset). They are what the
 // peer's librsock drained from its kernel socket to reach our marker and the
@@ -85,6 +88,23 @@ struct Marker {
 static_assert(sizeof(Marker) == 24);
 
 inline constexpr uint64_t kDownMagic = 0x314e444b434f5352ull;  // "RSOCKDN1" little-endian
+// Version 5: the writer switches back because its RDMA path failed or
+// performs badly (path_failed, lossy_path, slow_path), so the path is what
+// the reader reports too, not a hand-off ("released"). Same record.
+inline constexpr uint64_t kDownPathMagic = 0x3150444b434f5352ull;  // "RSOCKDP1"
+
+// Whether `n` bytes at `p` are a DOWN record's magic (n == 8) or its start
+// (n < 8) in a stream of rendezvous `version`; `path`: it says the writer's
+// path failed.
+inline bool down_magic(const void* p, size_t n, uint8_t version, bool* path = nullptr) {
+  if (std::memcmp(p, &kDownMagic, n) == 0) {
+    if (path) *path = false;
+    return true;
+  }
+  if (version < kPathRecordVersion || std::memcmp(p, &kDownPathMagic, n) != 0) return false;
+  if (path) *path = true;
+  return true;
+}
 
 struct DownRecord {
   uint64_t magic;

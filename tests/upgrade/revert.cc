@@ -38,7 +38,9 @@
 //                   a second connection to the same host must stay on TCP
 //                   from its connect() on (the negative cache)
 // Every case must end with every byte delivered exactly once, both ends
-// back on TCP (on RDMA again after fail_* and fork_*), and no error. Exit 0 pass, 1 fail, 77 no RDMA device.
+// back on TCP (on RDMA again after fail_* and fork_*), and no error; both
+// ends of revert_* say released, both ends of fail_* path_failed
+// (RSOCK_FALLBACK_REASON). Exit 0 pass, 1 fail, 77 no RDMA device.
 //
 // Two hosts (tools/rxe-pair, tests/pair/): one end each, no action; faults
 // come from outside (link down, netem, rdma link delete). Each end prints
@@ -312,10 +314,32 @@ bool upgrades_again(const std::string& c) {
   return c.rfind("fail", 0) == 0 || c.rfind("fork", 0) == 0 || c == "fdpass";
 }
 
+// Why each end went back to TCP (RSOCK_FALLBACK_REASON, util/stats_layout.h):
+// both ends of a failed path say path_failed, the peer included (its record
+// says so, rendezvous version 5; before, the peer said released, a
+// hand-off's label); both ends of a request say released. -1: not checked.
+int g_want_reason = -1;
+int want_reason(const std::string& c) {
+  if (c == "fail_client" || c == "fail_server") return 16;      // path_failed
+  if (c == "revert_client" || c == "revert_server") return 18;  // released
+  return -1;
+}
+
+void check_reason(int fd) {
+  if (g_want_reason < 0) return;
+  int code = 0;
+  socklen_t len = sizeof code;
+  if (getsockopt(fd, SOL_RSOCK, RSOCK_FALLBACK_REASON, &code, &len) != 0)
+    fail("getsockopt RSOCK_FALLBACK_REASON: %s", strerror(errno));
+  if ((code & 0xff) != g_want_reason)
+    fail("fallback reason %d, want %d", code & 0xff, g_want_reason);
+}
+
 // `again`: once back on TCP the connection must upgrade again, and end on
 // RDMA with an RC QP in RTS.
 void finish(Pump& p, bool want_rdma_seen, bool again = false, bool may_wait = false) {
   if (want_rdma_seen && !p.saw_rdma) fail("the connection never showed transport rdma");
+  check_reason(p.fd);
   if (again) {
     if (p.tcp_again_at < 0) fail("the connection never left RDMA");
     auto t0 = Clock::now();
@@ -350,6 +374,7 @@ void finish(Pump& p, bool want_rdma_seen, bool again = false, bool may_wait = fa
 
 int client_main(uint16_t port, uint64_t total, const std::string& c) {
   g_who = "client";
+  g_want_reason = want_reason(c);
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -630,6 +655,7 @@ int main(int argc, char** argv) {
   if (std::string(argv[1]) == "--client" && argc == 5)
     return client_main(uint16_t(atoi(argv[2])), strtoull(argv[4], nullptr, 10) << 20, argv[3]);
   std::string c = argv[1];
+  g_want_reason = want_reason(c);
   uint64_t total = (argc > 2 ? strtoull(argv[2], nullptr, 10) : 16) << 20;
   if (access("/sys/class/infiniband", F_OK) != 0 || rts_qps() < 0) {
     printf("SKIP: no RDMA device\n");
