@@ -1192,13 +1192,21 @@ bool Stream::share_for_pass_locked() {
 // which rsock-stat users would otherwise chase. (When the QP error comes
 // first, it still reads as path_failed.)
 stats::FallbackReason Stream::failure_reason() const {
+  stats::FallbackReason r = peer_record_reason();
+  return r == stats::FallbackReason::kNone ? stats::FallbackReason::kPathFailed : r;
+}
+
+// Under mu_: the peer's reverse-switch record waiting on TCP, peeked: its
+// reason (path_failed when it says its path failed, rendezvous 5; released
+// otherwise), or kNone when no whole record magic is there.
+stats::FallbackReason Stream::peer_record_reason() const {
   uint64_t magic = 0;
   bool path = false;
-  bool down = tcp_fd_ >= 0 &&
-              sys::libc.recv(tcp_fd_, &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT) ==
-                  ssize_t(sizeof magic) &&
-              wire::down_magic(&magic, sizeof magic, version_, &path);
-  return down && !path ? stats::FallbackReason::kReleased : stats::FallbackReason::kPathFailed;
+  if (tcp_fd_ < 0 ||
+      sys::libc.recv(tcp_fd_, &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT) != ssize_t(sizeof magic) ||
+      !wire::down_magic(&magic, sizeof magic, version_, &path))
+    return stats::FallbackReason::kNone;
+  return path ? stats::FallbackReason::kPathFailed : stats::FallbackReason::kReleased;
 }
 
 // Under mu_: a slot at the stream's positions. In the per-user table, found
@@ -1907,12 +1915,8 @@ bool Stream::linger_done() {
     begin_close();
     // The peer switches back (its process exits, or hands the connection
     // off): join it at once, rather than make it wait out its bound.
-    uint64_t magic = 0;
-    bool path = false;
-    if (sys::libc.recv(tcp_fd_, &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT) == sizeof magic &&
-        wire::down_magic(&magic, sizeof magic, version_, &path) &&
-        revert_locked(RevertMode::kKeep, path ? stats::FallbackReason::kPathFailed
-                                              : stats::FallbackReason::kReleased)) {
+    if (stats::FallbackReason why = peer_record_reason();
+        why != stats::FallbackReason::kNone && revert_locked(RevertMode::kKeep, why)) {
       linger_deadline_ns_ = deadline_ns_;  // the reverse switch's own bound
       return false;
     }

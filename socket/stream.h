@@ -478,6 +478,7 @@ class Stream {
   bool share_for_pass_locked();
   holders::Slot* claim_holders();
   stats::FallbackReason failure_reason() const;
+  stats::FallbackReason peer_record_reason() const;
   void become_sole();      // the only holder now: positions from the slot
   void release_holders_locked();
   // A re-upgrade attempt failed for `reason`: true if another is scheduled
