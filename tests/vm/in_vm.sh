@@ -1,9 +1,9 @@
 #!/bin/bash
-# in_vm.sh BUILD_DIR LABELS -- guest side of vm.suite (runs inside tools/rxe-vm).
+# in_vm.sh BUILD_DIR LABELS [EXCLUDE_REGEX] -- guest side of vm.suite (runs inside tools/rxe-vm).
 # Refuses to run without rxe0 (never a false pass), then runs the labelled
 # tests with RSOCK_IN_VM=1 and fails if any `rdma` test skipped in here.
 set -uo pipefail
-BUILD=$1 LABELS=$2
+BUILD=$1 LABELS=$2 EXCL=${3:-}
 export RSOCK_IN_VM=1
 
 echo "== in VM: $(uname -r), $(nproc) vCPUs"
@@ -48,7 +48,7 @@ trap 'kill $WATCHDOG 2>/dev/null' EXIT
 # A failing test is run once more before it counts as failed: the guest is a
 # TCG emulation on a shared 2-core host, where a handful of timing-bound VM
 # tests have shown rare flakes (docs/TESTING.md). A test that fails twice fails.
-(cd "$W" && ctest -L "$LABELS" -LE vm --output-on-failure --repeat until-pass:2) 2>&1 | tee "$LOG"
+(cd "$W" && ctest -L "$LABELS" -LE vm ${EXCL:+-E "$EXCL"} --output-on-failure --repeat until-pass:2) 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 # Keep this run's log: any later ctest call in $W, even `ctest -N` below,
 # rewrites Testing/Temporary/LastTest.log (the digest at the end once read
