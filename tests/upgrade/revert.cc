@@ -127,6 +127,13 @@ int transport(int fd) {
   return t;
 }
 
+int fallback_reason(int fd) {
+  int r = 0;
+  socklen_t l = sizeof r;
+  if (getsockopt(fd, SOL_RSOCK, RSOCK_FALLBACK_REASON, &r, &l) != 0) return -1;
+  return r;
+}
+
 // The kernel's own view: RC QPs in RTS right now.
 int rts_qps() {
   FILE* p = popen("rdma resource show qp 2>/dev/null", "r");
@@ -164,6 +171,11 @@ struct Pump {
   // (a fork child under load) looks.
   bool rdma_again = false;
   uint64_t rdma_tx = 0, rdma_rx = 0, back_tx = 0, back_rx = 0;
+  // RSOCK_FALLBACK_REASON when it was first seen on RDMA: a change says it
+  // left RDMA even when no look saw it off RDMA (a fork child under load
+  // slept through its whole TCP interval, onto RDMA again, and then waited
+  // for ever to see TCP before its FIN).
+  int reason_at_rdma = 0;
   double hold_s = 1e9;  // how long to hold back 3/4 of the bytes for the upgrade
   // lossy: the last `reserve` bytes wait until the connection left RDMA,
   // and once `trickle` is set they go 4 KiB per round: the stream keeps
@@ -266,7 +278,8 @@ void run(Pump& p, F act) {
       fail("stuck: tx %llu rx %llu of %llu, transport %d", (unsigned long long)p.tx,
            (unsigned long long)p.rx, (unsigned long long)p.total, transport(p.fd));
     double now_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (p.saw_rdma && p.tcp_again_at < 0 && transport(p.fd) != RSOCK_TRANSPORT_RDMA) {
+    if (p.saw_rdma && p.tcp_again_at < 0 &&
+        (transport(p.fd) != RSOCK_TRANSPORT_RDMA || fallback_reason(p.fd) != p.reason_at_rdma)) {
       p.tcp_again_at = now_s;
       p.back_tx = p.tx;
       p.back_rx = p.rx;
@@ -279,6 +292,7 @@ void run(Pump& p, F act) {
     }
     if (!p.saw_rdma && transport(p.fd) == RSOCK_TRANSPORT_RDMA) {
       p.saw_rdma = true;
+      p.reason_at_rdma = fallback_reason(p.fd);
       p.rdma_at = std::chrono::duration<double>(Clock::now() - t0).count();
       p.rdma_tx = p.tx;
       p.rdma_rx = p.rx;
