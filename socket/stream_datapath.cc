@@ -188,10 +188,13 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
   }
   if (p != Phase::kRdma) return rdma_dead_ && out_marker_off_ > 0 ? Err(EPIPE) : Err(EAGAIN);
   auto r = conn_->send(iov);
-  if (!r && r.error() == EPIPE && conn_->peer_left_open() &&
-      revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased)) {
-    // The peer switched back to TCP after its FIN: our bytes go there.
-    return Err(EAGAIN);
+  if (!r && r.error() == EPIPE && conn_->peer_left_open()) {
+    // The peer switched back to TCP after its FIN: our bytes go there. Its
+    // record says why (a failed path reads path_failed, rendezvous 5); a
+    // hand-off when it is not in yet.
+    stats::FallbackReason why = peer_record_reason();
+    if (why == stats::FallbackReason::kNone) why = stats::FallbackReason::kReleased;
+    if (revert_locked(RevertMode::kKeep, why)) return Err(EAGAIN);
   }
   if (r && *r > 0 && slot_) slot_->add_tx(stats::Transport::kRdma, *r);
   if (!r && r.error() == EAGAIN && slot_)
