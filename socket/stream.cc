@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -42,6 +43,16 @@ namespace {
 // enough for the requests and replies programs write right after connect
 // or accept, which a kernel socket takes at once.
 constexpr size_t kMaxHeldBytes = 64 * 1024;
+
+// RSOCK_DEBUG_BREAK_SWITCH=1 (tests only): every switch's RDMA connection
+// fails right after this end sent READY, before any marker.
+bool debug_break_switch() {
+  static const bool on = [] {
+    const char* e = getenv("RSOCK_DEBUG_BREAK_SWITCH");
+    return e != nullptr && e[0] == '1';
+  }();
+  return on;
+}
 
 // rdma_cm events reach a connection through the shared channel (cm_hub):
 // its waiters look again.
@@ -1398,26 +1409,32 @@ bool Stream::advance_locked(bool full) {
     }
     if (p == Phase::kSwitching) {
       rdma_failed_during_switch();
+      if (phase() != Phase::kSwitching) return true;
+      // Still switching on a dead RDMA connection (the peer's offer came in,
+      // or our marker started): the switch's TCP side goes on below, where
+      // drain_tcp reads the peer's bytes up to its offer and then its marker
+      // (EOF after it) or, when it reopened its direction instead, its data.
+      // Returning here left that read to nobody: the reader waited for ever.
+    } else {
+      if (p == Phase::kRdma) {
+        // A RESET the peer sent before it went is an abortive close, as on
+        // TCP. Anything else (retries exceeded, a DREQ without FIN, the device
+        // gone) is the RDMA path failing while TCP may be fine: switch back.
+        handle_controls();
+        if (phase() == Phase::kBroken) return true;
+        // Both directions finished already (the peer's process went after
+        // the last byte): switching back moves nothing and is no path
+        // failure to report. (10,000 connections to a server that exits
+        // once each is closed showed 1561 of them as path_failed.)
+        bool quiet = conn_->finished_both_ways();
+        if (revert_locked(RevertMode::kKeep, quiet ? stats::FallbackReason::kReleased
+                                                   : failure_reason(),
+                          !quiet, /*may_return=*/!quiet))
+          return true;
+      }
+      if (!err_) err_ = st.error();
       return true;
     }
-    if (p == Phase::kRdma) {
-      // A RESET the peer sent before it went is an abortive close, as on
-      // TCP. Anything else (retries exceeded, a DREQ without FIN, the device
-      // gone) is the RDMA path failing while TCP may be fine: switch back.
-      handle_controls();
-      if (phase() == Phase::kBroken) return true;
-      // Both directions finished already (the peer's process went after
-      // the last byte): switching back moves nothing and is no path
-      // failure to report. (10,000 connections to a server that exits
-      // once each is closed showed 1561 of them as path_failed.)
-      bool quiet = conn_->finished_both_ways();
-      if (revert_locked(RevertMode::kKeep, quiet ? stats::FallbackReason::kReleased
-                                                 : failure_reason(),
-                        !quiet, /*may_return=*/!quiet))
-        return true;
-    }
-    if (!err_) err_ = st.error();
-    return true;
   }
   if (p == Phase::kPending) {
     if (!conn_->established()) {
@@ -1458,6 +1475,13 @@ bool Stream::advance_locked(bool full) {
     p = phase();
   }
   if (!rdma_dead_) handle_controls();
+  if (phase() == Phase::kSwitching && ready_sent_ && !rdma_dead_ && out_marker_off_ == 0 &&
+      debug_break_switch()) {
+    // Tests: the path fails right after our READY, before any marker, and
+    // we notice at once (upgrade.switch.h_rdma_fails_mid_switch).
+    (void)conn_->debug_break_silently();
+    rdma_failed_during_switch();
+  }
   if (phase() == Phase::kSwitching && out_marker_off_ == 0 && !ready_sent_ &&
       now_ns() > deadline_ns_) {
     // A silent peer (or a forger that never finishes): our TCP direction is
@@ -1708,6 +1732,13 @@ void Stream::drain_tcp() {
   }
   if (in_marker_.magic != wire::kMarkerMagic || in_marker_.cookie != my_cookie_ ||
       in_marker_.offset != rx_limit_) {
+    if (rdma_dead_ && out_marker_off_ == 0) {
+      // The RDMA connection failed mid-switch and the peer, its marker not
+      // started either, reopened its direction: what follows its offer is
+      // its data, and ours is on TCP already (rdma_failed_during_switch).
+      revert_to_tcp(stats::FallbackReason::kPathFailed, "the RDMA connection failed during the switch");
+      return;
+    }
     if (!client_ && out_marker_off_ == 0) {
       revert_to_tcp(stats::FallbackReason::kProtocol, "the request did not come from the TCP peer");
       return;

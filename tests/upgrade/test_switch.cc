@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "preload/librsock.h"
 #include "config/tunables.h"
 #include "socket/upgrade_wire.h"
 #include "transport/connection.h"
@@ -403,6 +404,46 @@ TEST_CASE("a_bidirectional_across_switch") {
     MESSAGE("client " << describe(vc));
   }
   CHECK(tcp_before_switch > 0);
+}
+
+// h. The RDMA connection fails in the middle of the switch: after both ends
+// sent READY, before either marker (RSOCK_DEBUG_BREAK_SWITCH=1, which ctest
+// sets for this case only). Both ends reopen their TCP direction, read the
+// peer's bytes up to its offer and then its data, and the stream ends on
+// TCP with every byte, each end saying path_failed. Before, a stream still
+// switching on a dead RDMA connection never read TCP again: both readers
+// waited for ever (the alarm ends that).
+TEST_CASE("h_rdma_fails_mid_switch") {
+  if (getenv("RSOCK_DEBUG_BREAK_SWITCH") == nullptr) {
+    MESSAGE("not run: needs RSOCK_DEBUG_BREAK_SWITCH=1 (ctest sets it)");
+    return;
+  }
+  alarm(120);
+  for (int round = 0; round < 3; round++) {
+    CAPTURE(round);
+    Pair p;
+    REQUIRE(make_pair(&p));
+    std::string e = exchange(p.c, p.s, 4 << 20, random64());
+    CHECK_MESSAGE(e.empty(), e);
+    // (A stream that stayed on TCP has no stats slot: the library's own
+    // answers, through getsockopt.)
+    auto opt = [](int fd, int o) {
+      int v = -1;
+      socklen_t l = sizeof v;
+      return getsockopt(fd, SOL_RSOCK, o, &v, &l) == 0 ? v : -1;
+    };
+    int tc = opt(p.c, RSOCK_TRANSPORT), ts = opt(p.s, RSOCK_TRANSPORT);
+    int fc = opt(p.c, RSOCK_FALLBACK_REASON), fs = opt(p.s, RSOCK_FALLBACK_REASON);
+    INFO("client transport " << tc << " reason " << fc << ", server transport " << ts << " reason " << fs);
+    CHECK(tc == RSOCK_TRANSPORT_TCP);
+    CHECK(ts == RSOCK_TRANSPORT_TCP);
+    // The switch got as far as READY and failed there (not a rendezvous
+    // that never started, which would pass vacuously).
+    CHECK(fc == 16);  // path_failed
+    CHECK(fs == 16);
+    MESSAGE("every byte on TCP; client reason " << fc << ", server reason " << fs);
+  }
+  alarm(0);
 }
 
 // b. MSG_PEEK and partial reads across the switch offset.
