@@ -984,6 +984,10 @@ void Stream::exec_failed() {
 // Under mu_: an attempt failed.
 bool Stream::retry_reupgrade(stats::FallbackReason reason) {
   using R = stats::FallbackReason;
+  // The application shut its direction down while this attempt ran: no
+  // switch can follow its FIN, which would otherwise wait through every
+  // later attempt (up to about 40 s). TCP from here on, FIN now.
+  if (fin_deferred_) return false;
   if (!client_) {
     // The server's side of an attempt (an accepted request) failed, as the
     // first after a flap may (its REP or RTU lost): the client tries again,
