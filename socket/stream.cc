@@ -1729,6 +1729,11 @@ void Stream::drain_tcp() {
       // The peer closed right at its offer (it went away mid-switch): a
       // clean end of stream after the bytes we already hold.
       tcp_eof_ = true;
+      // With our RDMA connection dead and our direction on TCP already, the
+      // switch is over: TCP from here on (the kernel keeps reading EOF), not
+      // a stream left switching on a dead connection until its close.
+      if (rdma_dead_ && out_marker_off_ == 0)
+        revert_to_tcp(stats::FallbackReason::kPathFailed, "the RDMA connection failed during the switch");
       return;
     case RecordIo::kBroken:
       break_connection(ECONNRESET, "peer closed TCP inside its switch marker");

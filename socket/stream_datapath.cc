@@ -446,6 +446,10 @@ Status<void> Stream::shutdown(int how) {
   // Waiting to upgrade again (no rendezvous running): no new switch can
   // follow a FIN, and the FIN must not wait for one. TCP from here on.
   if (fin_deferred_ && p == Phase::kPending && reup_ && !conn_) abandon_reupgrade();
+  // Only delivering what was read ahead (an abandoned or reversed switch):
+  // no switch follows, so nothing else would ever send the deferred FIN
+  // (after the held bytes, if any); the peer waited for its EOF for ever.
+  else if (fin_deferred_ && p == Phase::kPending && plain_when_drained_ && !conn_) deferred_fin();
   return Ok();
 }
 

@@ -68,6 +68,9 @@ for c in a_bidirectional_across_switch d_forged_request_upgraded_connection e_fo
   LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=5000 $B/tests/upgrade/rsock_switch_test -tc=\$c > sw.log 2>&1 || { report sw.log; echo "FAIL: switch \$c"; rc=1; }
   tail -1 sw.log
 done
+# The RDMA connection failing mid-switch (after READY, before any marker).
+LD_PRELOAD=\$P RSOCK_UPGRADE_TIMEOUT_MS=5000 RSOCK_DEBUG_BREAK_SWITCH=1 $B/tests/upgrade/rsock_switch_test -tc=h_rdma_fails_mid_switch > sw.log 2>&1 || { report sw.log; echo "FAIL: switch h_rdma_fails_mid_switch"; rc=1; }
+tail -1 sw.log
 # listen() then fork() at once: the child must not inherit a lock of the
 # progress thread's start-up (the sanitizer's allocator: it hung here).
 LD_PRELOAD=\$P $B/tests/multiproc/rsock_fork_after_listen 10.77.0.1 60 > fal.log 2>&1 || { report fal.log; echo "FAIL: fork_after_listen"; rc=1; }
