@@ -446,10 +446,14 @@ Status<void> Stream::shutdown(int how) {
   // Waiting to upgrade again (no rendezvous running): no new switch can
   // follow a FIN, and the FIN must not wait for one. TCP from here on.
   if (fin_deferred_ && p == Phase::kPending && reup_ && !conn_) abandon_reupgrade();
-  // Only delivering what was read ahead (an abandoned or reversed switch):
-  // no switch follows, so nothing else would ever send the deferred FIN
-  // (after the held bytes, if any); the peer waited for its EOF for ever.
-  else if (fin_deferred_ && p == Phase::kPending && plain_when_drained_ && !conn_) deferred_fin();
+  // Our direction is on TCP for good: the stream only delivers what it read
+  // ahead (an abandoned or reversed switch), or its switch's RDMA connection
+  // died before our marker. No switch follows, so nothing else would send
+  // the deferred FIN (after the held bytes, if any): the peer waited for its
+  // EOF for ever.
+  else if (fin_deferred_ && ((p == Phase::kPending && plain_when_drained_ && !conn_) ||
+                             (p == Phase::kSwitching && rdma_dead_ && out_marker_off_ == 0)))
+    deferred_fin();
   return Ok();
 }
 
