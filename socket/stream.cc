@@ -1411,34 +1411,33 @@ bool Stream::advance_locked(bool full) {
       mu_.lock();
       return true;
     }
-    if (p == Phase::kSwitching) {
-      rdma_failed_during_switch();
-      if (phase() != Phase::kSwitching) return true;
-      // Still switching on a dead RDMA connection (the peer's offer came in,
-      // or our marker started): the switch's TCP side goes on below, where
-      // drain_tcp reads the peer's bytes up to its offer and then its marker
-      // (EOF after it) or, when it reopened its direction instead, its data.
-      // Returning here left that read to nobody: the reader waited for ever.
-    } else {
-      if (p == Phase::kRdma) {
-        // A RESET the peer sent before it went is an abortive close, as on
-        // TCP. Anything else (retries exceeded, a DREQ without FIN, the device
-        // gone) is the RDMA path failing while TCP may be fine: switch back.
-        handle_controls();
-        if (phase() == Phase::kBroken) return true;
-        // Both directions finished already (the peer's process went after
-        // the last byte): switching back moves nothing and is no path
-        // failure to report. (10,000 connections to a server that exits
-        // once each is closed showed 1561 of them as path_failed.)
-        bool quiet = conn_->finished_both_ways();
-        if (revert_locked(RevertMode::kKeep, quiet ? stats::FallbackReason::kReleased
-                                                   : failure_reason(),
-                          !quiet, /*may_return=*/!quiet))
-          return true;
-      }
+    if (p == Phase::kRdma) {
+      // A RESET the peer sent before it went is an abortive close, as on
+      // TCP. Anything else (retries exceeded, a DREQ without FIN, the device
+      // gone) is the RDMA path failing while TCP may be fine: switch back.
+      handle_controls();
+      if (phase() == Phase::kBroken) return true;
+      // Both directions finished already (the peer's process went after
+      // the last byte): switching back moves nothing and is no path
+      // failure to report. (10,000 connections to a server that exits
+      // once each is closed showed 1561 of them as path_failed.)
+      bool quiet = conn_->finished_both_ways();
+      if (revert_locked(RevertMode::kKeep, quiet ? stats::FallbackReason::kReleased
+                                                 : failure_reason(),
+                        !quiet, /*may_return=*/!quiet))
+        return true;
+    }
+    if (p != Phase::kSwitching) {
       if (!err_) err_ = st.error();
       return true;
     }
+    rdma_failed_during_switch();
+    if (phase() != Phase::kSwitching) return true;
+    // Still switching on a dead RDMA connection (the peer's offer came in,
+    // or our marker started): the switch's TCP side goes on below, where
+    // drain_tcp reads the peer's bytes up to its offer and then its marker
+    // (EOF after it) or, when it reopened its direction instead, its data.
+    // Returning here left that read to nobody: the reader waited for ever.
   }
   if (p == Phase::kPending) {
     if (!conn_->established()) {

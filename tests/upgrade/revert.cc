@@ -341,10 +341,8 @@ int want_reason(const std::string& c) {
 
 void check_reason(int fd) {
   if (g_want_reason < 0) return;
-  int code = 0;
-  socklen_t len = sizeof code;
-  if (getsockopt(fd, SOL_RSOCK, RSOCK_FALLBACK_REASON, &code, &len) != 0)
-    fail("getsockopt RSOCK_FALLBACK_REASON: %s", strerror(errno));
+  int code = fallback_reason(fd);
+  if (code < 0) fail("getsockopt RSOCK_FALLBACK_REASON: %s", strerror(errno));
   if ((code & 0xff) != g_want_reason)
     fail("fallback reason %d, want %d", code & 0xff, g_want_reason);
 }
