@@ -39,6 +39,7 @@
 #include "socket/stream.h"
 #include "socket/tcp_hub.h"
 #include "transport/cm_hub.h"
+#include "transport/cq_group.h"
 #include "transport/cq_hub.h"
 #include "transport/fds.h"
 #include "transport/listener.h"
@@ -1779,14 +1780,15 @@ void log_exit_summary() {
                              (unsigned long long)n));
   }
   // kits_reused: connections whose verbs resources were a closed one's
-  // (transport/kit_pool.h).
+  // (transport/kit_pool.h); cqs: the shared CQs made (transport/cq_group.h).
   LOG_INFO("summary: connections=%llu upgraded=%llu fallbacks=%llu rdma_tx=%llu rdma_rx=%llu "
-           "tcp_tx=%llu tcp_rx=%llu kits_reused=%llu (bytes: closed connections and live upgraded"
-           " ones; fallbacks:%s)",
+           "tcp_tx=%llu tcp_rx=%llu kits_reused=%llu cqs=%u (bytes: closed connections and live"
+           " upgraded ones; fallbacks:%s)",
            (unsigned long long)pc->conns_seen.load(), (unsigned long long)pc->conns_upgraded.load(),
            (unsigned long long)fallbacks, (unsigned long long)tx[kRdma],
            (unsigned long long)rx[kRdma], (unsigned long long)tx[kTcp], (unsigned long long)rx[kTcp],
-           (unsigned long long)transport::kit_pool::reused(), off ? why : " none");
+           (unsigned long long)transport::kit_pool::reused(), transport::cq_group::groups(),
+           off ? why : " none");
 }
 
 namespace {
@@ -2067,6 +2069,7 @@ void progress_after_fork_child() {
   g_unwatched_inherited.store(0, std::memory_order_relaxed);
   transport::cm_hub::after_fork_child();
   transport::cq_hub::after_fork_child();
+  transport::cq_group::after_fork_child();
   tcp_hub::after_fork_child();
   transport::contexts_after_fork_child();
   transport::path_quality::after_fork_child();

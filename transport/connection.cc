@@ -90,7 +90,7 @@ Status<void> Connection::init_fds() {
   return Ok();
 }
 
-int Connection::fd() const { return kit_.cq != nullptr ? cq_hub::fd() : -1; }
+int Connection::fd() const { return grp_ != nullptr ? cq_hub::fd() : -1; }
 
 void Connection::deliver_cq_event() {
   cq_event_.store(true, std::memory_order_release);
@@ -98,27 +98,16 @@ void Connection::deliver_cq_event() {
 }
 
 void Connection::take_cq_event() {
-  // Armed with no event heard of: one may wait in the hub, and a read finds
-  // out (a syscall). Only when a sleeper saw the hub's fd readable and left
-  // the read to us (cq_hub::note_readable): reading on every progress of an
-  // armed CQ mostly found nothing (redis-benchmark over librsock made 1.5
-  // channel reads per request for 0.76 events). An event still unread keeps
-  // the hub's fd readable, so whoever would sleep on it wakes at once and
-  // marks it; until then the completions are polled as usual.
-  if (cq_armed_ && !cq_event_.load(std::memory_order_relaxed) && cq_hub::noted()) cq_hub::poll();
-  if (cq_event_.load(std::memory_order_relaxed) && cq_event_.exchange(false, std::memory_order_acquire)) {
-    cq_armed_ = false;
+  // Read the hub only when a sleeper saw its fd readable and left the read
+  // to us (cq_hub::note_readable): reading on every progress mostly found
+  // nothing (redis-benchmark over librsock made 1.5 channel reads per
+  // request for 0.76 events). An event still unread keeps the hub's fd
+  // readable, so whoever would sleep on it wakes at once and marks it; until
+  // then the completions are polled as usual (the shared CQ is armed
+  // whenever no event is unread: cq_group.h).
+  if (!cq_event_.load(std::memory_order_relaxed) && cq_hub::noted()) cq_hub::poll();
+  if (cq_event_.load(std::memory_order_relaxed) && cq_event_.exchange(false, std::memory_order_acquire))
     ++ctr_.cq_events;
-  }
-}
-
-void Connection::rearm_cq() {
-  if (cq_armed_ || state_ == State::kError) return;
-  ibv_req_notify_cq(kit_.cq, 0);
-  cq_armed_ = true;
-  while (poll_cq()) {  // completions that slipped in before the arm
-  }
-  flush_pending();
 }
 
 void Connection::set_notify(void (*fn)(void*), void* arg, void (*cq_fn)(void*)) {
@@ -206,11 +195,16 @@ Status<void> Connection::create_resources() {
   if (comp_ch_ == nullptr) return Err(errno ? errno : ENOMEM);
   if (kit_pool::take(ctx, ring_bytes_, sq_depth_, recv_slots_, &kit_)) {
     from_pool_ = true;
-    cq_hub::adopt(kit_.cq, this);
   } else if (auto s = make_kit(ctx); !s) {
     return s;
   }
+  // A shared CQ (cq_group.h): no CQ, no mapping and no re-arm of our own.
+  cq_box_.reset(new (std::nothrow) ibv_wc[cq_slots()]);
+  if (!cq_box_) return Err(ENOMEM);
+  grp_ = cq_group::join(ctx, comp_ch_, cq_slots(), this, cq_box_.get());
+  if (grp_ == nullptr) return Err(errno ? errno : ENOMEM);
   if (auto s = create_qp(); !s) return s;
+  cq_group::set_qp(grp_, this, qp_->qp_num);
   // Receives can be posted from INIT on.
   if (auto s = qp_to(IBV_QPS_INIT); !s) return s;
   sig_cover_.assign(sq_depth_, 0);
@@ -221,8 +215,6 @@ Status<void> Connection::create_resources() {
   last_data_ns_ = now_ns();
   for (uint32_t i = 0; i < recv_slots_; ++i)
     if (!post_recv(i)) return Err(errno ? errno : ENOMEM);
-  if (ibv_req_notify_cq(kit_.cq, 0) != 0) return Err(errno ? errno : EIO);
-  cq_armed_ = true;
   uint8_t tmo = wire::kAckTimeoutExp;
   if (rdma_set_option(id_, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof tmo) != 0)
     LOG_WARN("transport: cannot set ACK timeout (errno %d); dead peers are noticed late", errno);
@@ -247,8 +239,6 @@ Status<void> Connection::make_kit(ibv_context* ctx) {
   }
   kit_.pd = ibv_alloc_pd(ctx);
   if (kit_.pd == nullptr) return Err(errno ? errno : ENOMEM);
-  kit_.cq = ibv_create_cq(ctx, static_cast<int>(sq_depth_ + recv_slots_ + 1), this, comp_ch_, 0);
-  if (kit_.cq == nullptr) return Err(errno ? errno : ENOMEM);
 
   kit_.rx_map = ring_bytes_;
   kit_.tx_map = page_round(size_t{ring_bytes_} + size_t{sq_depth_} * wire::kRecvBufBytes);
@@ -279,8 +269,8 @@ Status<void> Connection::make_kit(ibv_context* ctx) {
 
 Status<void> Connection::create_qp() {
   ibv_qp_init_attr qa{};
-  qa.send_cq = kit_.cq;
-  qa.recv_cq = kit_.cq;
+  qa.send_cq = cq_group::cq(grp_);
+  qa.recv_cq = cq_group::cq(grp_);
   qa.qp_type = IBV_QPT_RC;
   qa.sq_sig_all = 0;  // selective signalling (signal_next)
   qa.cap.max_send_wr = sq_depth_;
@@ -300,16 +290,10 @@ Status<void> Connection::create_qp() {
 }
 
 // Whether a closing connection's kit (its QP already destroyed) can serve
-// another: complete, and its CQ drained, so that the next owner polls no
-// completion of ours (its poll_cq also drops any of another QP).
+// another: complete. (Its completions were the shared CQ's, dropped when
+// it left its group.)
 bool Connection::drain_kit(kit_pool::Kit* k) {
-  if (!k->ctx || !k->pd || !k->cq || !k->rx_mr || !k->tx_mr || !k->rbuf_mr) return false;
-  cq_hub::forget(k->cq);
-  ibv_wc wc[16];
-  int n;
-  while ((n = ibv_poll_cq(k->cq, 16, wc)) > 0) {
-  }
-  if (n < 0) return false;
+  if (!k->ctx || !k->pd || !k->rx_mr || !k->tx_mr || !k->rbuf_mr) return false;
   k->idle_since_ns = now_ns();
   return true;
 }
@@ -725,9 +709,7 @@ const char* Connection::device_name() const {
 uint8_t Connection::port_num() const { return qp_ && id_ ? id_->port_num : 0; }
 
 Status<void> Connection::progress() {
-  if (kit_.cq != nullptr) {
-    // The hub took the completion event (cq_hub.h): the CQ is re-armed below
-    // before anyone can sleep on it.
+  if (grp_ != nullptr) {
     take_cq_event();
     while (poll_cq()) {
     }
@@ -747,10 +729,7 @@ Status<void> Connection::progress() {
     (void)guarded::rdma_notify(id_, IBV_EVENT_COMM_EST);
     on_established(nullptr, 0);
   }
-  if (kit_.cq != nullptr) {
-    flush_pending();
-    rearm_cq();
-  }
+  if (grp_ != nullptr) flush_pending();
   // Setup and close deadlines need the precise clock; the keepalive does not.
   check_timers(deadline_ns_ != 0 ? now_ns() : coarse_now_ns());
   if (state_ == State::kError) return Err(err_);
@@ -832,7 +811,7 @@ Status<void> Connection::wait(short events, int timeout_ms) {
   bool spinning = tun_.spin_us != 0;
   bool slept_ready = true;
   while (!wait_done(events)) {
-    if (spinning && kit_.cq != nullptr && established()) {
+    if (spinning && grp_ != nullptr && established()) {
       if (!spin.passed()) {
         if (poll_cq()) flush_pending();
         continue;
@@ -878,6 +857,10 @@ void Connection::destroy_resources() {
   if (qp_) {
     ibv_destroy_qp(qp_);
     qp_ = nullptr;
+  }
+  if (grp_) {
+    cq_group::leave(grp_, this);  // after the QP: nothing of ours is filed later
+    grp_ = nullptr;
   }
   kit_pool::Kit k = std::exchange(kit_, kit_pool::Kit{});
   if (tun_.kit_pool > 0 && drain_kit(&k) && kit_pool::give(k, tun_.kit_pool)) k = {};

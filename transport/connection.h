@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "config/tunables.h"
+#include "transport/cq_group.h"
 #include "transport/kit_pool.h"
 #include "transport/ring.h"
 #include "transport/pinned.h"
@@ -45,6 +46,7 @@ struct ibv_pd;
 struct ibv_cq;
 struct ibv_mr;
 struct ibv_comp_channel;
+struct ibv_wc;
 
 namespace rsock::transport {
 
@@ -115,13 +117,16 @@ class Connection {
   void set_notify(void (*fn)(void*), void* arg, void (*cq_fn)(void*) = nullptr);
   // cm_hub only, under cm_hub::mu().
   void deliver_cm_event(const rdma_cm_event& ev);
-  // cq_hub only, under cm_hub::mu(): our CQ raised its (armed) event.
+  // cq_group only, under cm_hub::mu(): completions of ours were filed in our
+  // box by someone else's poll of the shared CQ.
   void deliver_cq_event();
+  // cq_group only, by our owner: our box still holds completions.
+  void mark_cq_backlog() { cq_event_.store(true, std::memory_order_release); }
   // rdma_cm events wait for the next progress() (not poll_completions()).
   bool cm_pending() const { return cm_pending_.load(std::memory_order_acquire); }
-  // The hub read our CQ's event: the CQ is disarmed until the next
-  // progress() re-arms it, which whoever sleeps on this connection next
-  // needs (the event no longer keeps the hub's fd readable).
+  // Completions of ours wait in our box (cq_group.h): the next progress()
+  // takes them, which whoever sleeps on this connection next needs (no
+  // event keeps the hub's fd readable for them).
   bool cq_event_pending() const { return cq_event_.load(std::memory_order_acquire); }
   // Handles cm events, completions, deadlines and keepalives. Returns the
   // connection's error once it has one (ECONNREFUSED, ETIMEDOUT, ECONNRESET..).
@@ -299,10 +304,10 @@ class Connection {
   void fail(int err);
   void disconnect();
   void check_timers(uint64_t now);
+  uint32_t cq_slots() const { return sq_depth_ + recv_slots_ + 1; }  // our share of the shared CQ
   // connection_datapath.cc: hot path
   bool poll_cq();                 // true if any completion was handled
-  void take_cq_event();           // the hub's mark: our CQ is disarmed
-  void rearm_cq();                // arms an unarmed CQ, then polls what slipped in
+  void take_cq_event();           // reads the hub if a sleeper left it to us; takes our mark
   bool handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_t byte_len);
   bool post_recv(uint32_t slot);
   bool post_credit();
@@ -346,20 +351,23 @@ class Connection {
 
   // verbs/cm objects, all owned; destroy_resources() releases each once.
   rdma_cm_id* id_ = nullptr;  // on cm_hub::channel(), context = this
-  // PD, CQ, the three registered areas and their share of the pinned and
+  // PD, the three registered areas and their share of the pinned and
   // mapping budgets (kit_pool.h): a new one or a closed connection's. Its
   // areas: rx_ring, the receive ring, the only REMOTE_WRITE memory; tx_mem,
   // the send ring followed by sq_depth_ control send buffers (local);
   // rbufs, the receive WR buffers (local write).
   kit_pool::Kit kit_;
   ibv_comp_channel* comp_ch_ = nullptr;  // cq_hub's, shared: not ours to destroy
+  // The shared CQ's group we are a member of (cq_group.h), and our box of
+  // completions filed by whoever polled it (cq_slots() deep).
+  cq_group::Group* grp_ = nullptr;
+  std::unique_ptr<ibv_wc[]> cq_box_;
   // Created with ibv_create_qp on our own context (transport/fds.h), not
   // with rdma_create_qp: rdma_cm only carries its number, and qp_to() moves
   // it through INIT, RTR and RTS with the attributes rdma_cm computes.
   ibv_qp* qp_ = nullptr;
   bool disconnect_sent_ = false;
-  bool cq_armed_ = false;
-  std::atomic<bool> cq_event_{false};  // set by cq_hub: the arm fired
+  std::atomic<bool> cq_event_{false};  // set by cq_group: completions in our box
 
   uint32_t ring_bytes_ = 0;
   uint32_t sq_depth_ = 0;

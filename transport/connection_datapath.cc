@@ -298,7 +298,7 @@ bool Connection::handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_
 }
 
 Status<void> Connection::poll_completions() {
-  if (kit_.cq != nullptr && established()) {
+  if (grp_ != nullptr && established()) {
     bool any = false;
     while (poll_cq()) any = true;
     if (any) flush_pending();
@@ -309,15 +309,12 @@ Status<void> Connection::poll_completions() {
 
 bool Connection::poll_cq() {
   ibv_wc wc[kPollBatch];
-  int n = ibv_poll_cq(kit_.cq, kPollBatch, wc);
+  if (grp_ == nullptr) return false;
+  int n = cq_group::poll(grp_, this, wc, kPollBatch);  // ours only
   if (n <= 0) return false;
   ctr_.completions += uint64_t(n);
-  // A reused CQ (kit_pool.h) was drained when its last QP went, but a
-  // device may still deliver a completion of that QP: never ours.
-  const uint32_t own_qp = qp_->qp_num;
   for (int i = 0; i < n; ++i) {
     const ibv_wc& w = wc[i];
-    if (w.qp_num != own_qp) [[unlikely]] continue;
     bool is_recv = (w.wr_id & kRecvTag) != 0;
     if (!is_recv) on_send_completion();
     if (w.status != IBV_WC_SUCCESS) {
@@ -433,7 +430,7 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
 }
 
 Status<size_t> Connection::recv(std::span<const iovec> iov, bool peek) {
-  if (rx_.readable() == 0 && kit_.cq != nullptr && poll_cq()) flush_pending();
+  if (rx_.readable() == 0 && grp_ != nullptr && poll_cq()) flush_pending();
   uint64_t avail = rx_.readable();
   if (avail == 0) {
     if (fin_received_) return size_t{0};
@@ -494,7 +491,7 @@ Status<void> Connection::send_control(uint8_t type, std::span<const std::byte> d
 }
 
 Status<ControlMessage> Connection::recv_control() {
-  if (controls_.empty() && kit_.cq != nullptr && poll_cq()) flush_pending();
+  if (controls_.empty() && grp_ != nullptr && poll_cq()) flush_pending();
   if (controls_.empty()) return state_ == State::kError ? Err(err_) : Err(EAGAIN);
   ControlMessage m = controls_.front();
   controls_.pop_front();

@@ -12,7 +12,7 @@
 #include <new>
 
 #include "transport/cm_hub.h"
-#include "transport/connection.h"
+#include "transport/cq_group.h"
 #include "transport/fds.h"
 #include "util/no_destroy.h"
 #include "util/sys.h"
@@ -113,26 +113,29 @@ void note_if_woken(const pollfd* fds, int n) {
 
 void poll() {
   if (g_nch.load(std::memory_order_acquire) == 0) return;
-  std::lock_guard lk(cm_hub::mu());
-  // (Cleared before the read: an event that stays in the channel marks it
-  // again through the next sleeper it wakes.)
-  if (g_noted.load(std::memory_order_relaxed)) g_noted.store(false, std::memory_order_relaxed);
-  int n = g_nch.load(std::memory_order_relaxed);
-  for (int i = 0; i < n; i++) {
-    ibv_cq* cq;
-    void* ctx;
-    // The context is read again here, under the lock, not taken from the
-    // call: forget() may have cleared it since the kernel queued the event.
-    // The CQ itself lives until its event is acknowledged (ibv_destroy_cq
-    // waits for that), so reading it is safe.
-    // One event per channel and call: a second read would mostly return
-    // EAGAIN (a syscall per wakeup); more events leave the fd readable, and
-    // whoever sleeps on it comes back for them.
-    if (ibv_get_cq_event(g_ch[i].ch, &cq, &ctx) == 0) {
-      if (auto* c = static_cast<Connection*>(cq->cq_context)) c->deliver_cq_event();
-      ibv_ack_cq_events(cq, 1);
+  cq_group::Group* got[kMaxChannels];
+  int ngot = 0;
+  {
+    std::lock_guard lk(cm_hub::mu());
+    // (Cleared before the read: an event that stays in the channel marks it
+    // again through the next sleeper it wakes.)
+    if (g_noted.load(std::memory_order_relaxed)) g_noted.store(false, std::memory_order_relaxed);
+    int n = g_nch.load(std::memory_order_relaxed);
+    for (int i = 0; i < n; i++) {
+      ibv_cq* cq;
+      void* ctx;
+      // One event per channel and call: a second read would mostly return
+      // EAGAIN (a syscall per wakeup); more events leave the fd readable, and
+      // whoever sleeps on it comes back for them.
+      if (ibv_get_cq_event(g_ch[i].ch, &cq, &ctx) == 0) {
+        ibv_ack_cq_events(cq, 1);
+        got[ngot++] = static_cast<cq_group::Group*>(ctx);
+      }
     }
   }
+  // Outside cm_hub::mu(): a group's lock comes first (cq_group.h). Groups
+  // are never destroyed, so the pointer outlives the acknowledgement.
+  for (int i = 0; i < ngot; i++) cq_group::on_event(got[i]);
 }
 
 namespace {
@@ -187,17 +190,6 @@ bool end_sleep() {
   }
   poke(hand_to);
   return s->watcher && others;
-}
-
-void forget(ibv_cq* cq) {
-  if (cq == nullptr) return;
-  std::lock_guard lk(cm_hub::mu());
-  cq->cq_context = nullptr;
-}
-
-void adopt(ibv_cq* cq, void* owner) {
-  std::lock_guard lk(cm_hub::mu());
-  cq->cq_context = owner;
 }
 
 void after_fork_child() {

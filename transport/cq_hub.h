@@ -5,9 +5,10 @@
 // sockets count against the program's RLIMIT_NOFILE). Every CQ of a device
 // context raises its events on that context's one channel; the channels sit
 // behind one fd, the hub's fd(). Whoever polls the hub
-// reads every pending event, marks its Connection (the CQ's cq_context) and
-// calls the Connection's notify callback, so that a waiter looks again; the
-// Connection re-arms its CQ in its next progress or completion poll.
+// reads every pending event and hands it to the CQ's group (cq_group.h; the
+// CQ's cq_context), which re-arms the CQ, files its completions with their
+// connections and calls the notify callback of each, so that a waiter
+// looks again.
 //
 // Who polls: whoever sleeps on a connection includes fd() in its sleep
 // (Connection::fd(); the socket layer's blocking waits, poll/select
@@ -24,9 +25,8 @@
 // reaches through its stream (whoever reads the hub pokes the stream's
 // sleepers). When the watcher leaves its sleep with others still asleep,
 // it pokes one of them, which then watches: see begin_sleep.
-// Locking: mu() is a leaf lock, like cm_hub's. It covers the channel reads
-// and acks and the CQs' cq_context pointers: a Connection forgets its CQ
-// under it before destroying the CQ, so no event is delivered to it after.
+// Locking: the channel reads and acks are done under cm_hub::mu(), a leaf;
+// the group's work after them outside it (a group's lock comes first).
 #pragma once
 
 #include <mutex>
@@ -46,7 +46,9 @@ ibv_comp_channel* channel(ibv_context* ctx);
 // when a second device context gets its channel: read it at every sleep.
 int fd();
 // Reads one pending completion event per channel (more leave fd() readable)
-// and delivers it. Any thread; never blocks.
+// and hands it to its CQ's group (cq_group::on_event: re-arm, drain, notify
+// the connections that got completions). Any thread, holding no group's
+// lock and not cm_hub::mu(); never blocks.
 void poll();
 // A sleeper that leaves the read to the next Connection::progress() (to put
 // no syscall between its wakeup and the data) says fd() woke it; progress()
@@ -78,11 +80,6 @@ bool begin_sleep(int wake_fd);
 // its next progress(), so that their completions are not held up.
 bool end_sleep();
 
-// Under mu(): events of `cq` are acknowledged and dropped from now on.
-void forget(ibv_cq* cq);
-// Under mu(): events of `cq` (a pooled CQ a new connection takes,
-// kit_pool.h) are delivered to `owner` from now on.
-void adopt(ibv_cq* cq, void* owner);
 // In a fork child: the channels are the parent's (their CQs are the
 // parent's); forget them unread. The next channel() opens new ones.
 void after_fork_child();

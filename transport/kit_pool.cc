@@ -8,7 +8,6 @@
 #include <mutex>
 #include <new>
 
-#include "transport/cq_hub.h"
 #include "transport/pinned.h"
 
 namespace rsock::transport::kit_pool {
@@ -64,10 +63,6 @@ bool give(const Kit& k, uint32_t max_idle) {
 }
 
 void destroy(Kit* k) {
-  if (k->cq) {
-    cq_hub::forget(k->cq);  // no event is delivered for it after this
-    ibv_destroy_cq(k->cq);
-  }
   for (ibv_mr* mr : {k->rx_mr, k->tx_mr, k->rbuf_mr})
     if (mr) ibv_dereg_mr(mr);
   if (k->pd) ibv_dealloc_pd(k->pd);

@@ -49,7 +49,6 @@ constexpr uint64_t kIdleNs = 5'000'000'000;
 struct Kit {
   ibv_context* ctx = nullptr;
   ibv_pd* pd = nullptr;
-  ibv_cq* cq = nullptr;  // drained, cq_context cleared (cq_hub::forget) while pooled
   ibv_mr* rx_mr = nullptr;
   ibv_mr* tx_mr = nullptr;
   ibv_mr* rbuf_mr = nullptr;

@@ -184,6 +184,28 @@ inline int count_rc_qps(pid_t pid, uint32_t want_qpn = 0, bool* found = nullptr)
   return best;
 }
 
+// The CQs the kernel lists for `pid` (`rdma resource show cq`), the largest
+// of a few dumps like count_rc_qps.
+inline int count_cqs(pid_t pid) {
+  int best = -1;
+  for (int i = 0; i < 3; ++i) {
+    FILE* f = popen("rdma resource show cq 2>/dev/null", "r");
+    if (!f) return -1;
+    char line[512];
+    int n = 0;
+    std::string pidtok = " pid " + std::to_string(pid) + " ";
+    while (fgets(line, sizeof line, f)) {
+      std::string s = std::string(" ") + line;
+      for (auto& ch : s)
+        if (ch == '\n') ch = ' ';
+      if (s.find(pidtok) != std::string::npos) ++n;
+    }
+    pclose(f);
+    best = std::max(best, n);
+  }
+  return best;
+}
+
 inline void check_qp_visible(const rt::Connection& c) {
   bool found = false;
   int n = count_rc_qps(getpid(), c.qp_num(), &found);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "transport/cq_group.h"
 #include "transport/pinned.h"
 #include "util/log.h"
 
@@ -307,6 +308,14 @@ int many_case() {
     int n = count_rc_qps(getpid());
     log_line("many: %d RC QPs of this server in rdma resource show qp", n);
     CHECK(n == kConns, "expected %d RC QPs, rdma tool shows %d", kConns, n);
+    // Shared CQs (transport/cq_group.h): groups of 4, 8, ... 64 connections,
+    // not a CQ per connection; the kernel's own listing says so.
+    int cqs = count_cqs(getpid());
+    log_line("many: %d CQs of this server in rdma resource show cq (%u groups made)", cqs,
+             rt::cq_group::groups());
+    CHECK(cqs >= 1 && cqs <= kConns / 16 + 4, "%d CQs for %d connections", cqs, kConns);
+    CHECK(uint32_t(cqs) == rt::cq_group::groups(), "kernel lists %d CQs, %u groups made", cqs,
+          rt::cq_group::groups());
     int grown = count_fds() - fds0;
     log_line("many: the server's fds grew by %d for %d connections", grown, kConns);
     CHECK(grown <= kMaxSharedFds, "server: %d more fds for %d connections", grown, kConns);

@@ -1,0 +1,209 @@
+#include "transport/cq_group.h"
+
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <mutex>
+#include <new>
+
+#include "transport/cm_hub.h"
+#include "transport/connection.h"
+#include "util/log.h"
+
+namespace rsock::transport::cq_group {
+
+namespace {
+struct Member {
+  Connection* c = nullptr;  // nullptr: free
+  uint32_t qp_num = 0;      // 0 until set_qp
+  uint32_t slots = 0;
+  ibv_wc* box = nullptr;  // ring of `slots`
+  uint32_t head = 0, count = 0;
+};
+}  // namespace
+
+struct Group {
+  std::mutex mu;
+  ibv_context* ctx = nullptr;
+  ibv_cq* cq = nullptr;
+  uint32_t cqe = 0;       // what members may reserve in all
+  uint32_t reserved = 0;  // what they do
+  uint32_t cap = 0;       // members at most (<= kMaxMembers)
+  uint32_t n = 0;         // members now
+  Member m[kMaxMembers];
+};
+
+namespace {
+// Groups live for the process (their CQs' cq_context); a few hundred at
+// 10,000 connections. Guarded by g_mu, which is taken before a group's mutex
+// and never under a stream's lock for long (join only creates CQs).
+constexpr uint32_t kMaxGroups = 4096;
+std::mutex g_mu;
+Group* g_groups[kMaxGroups];
+std::atomic<uint32_t> g_ngroups{0};
+std::atomic<uint32_t> g_members{0};
+
+int find(Group* g, uint32_t qp_num) {
+  for (uint32_t i = 0; i < g->cap; ++i)
+    if (g->m[i].c != nullptr && g->m[i].qp_num == qp_num && qp_num != 0) return int(i);
+  return -1;
+}
+
+int index_of(const Group* g, const Connection* c) {
+  for (uint32_t i = 0; i < g->cap; ++i)
+    if (g->m[i].c == c) return int(i);
+  return -1;
+}
+
+// Under g->mu: everything in the CQ to its boxes. Members other than `self`
+// that got some are told, under cm_hub::mu() (their callbacks are read under it).
+void drain_locked(Group* g, const Connection* self) {
+  uint64_t told[kMaxMembers / 64] = {};
+  ibv_wc wc[16];
+  int n;
+  do {
+    n = ibv_poll_cq(g->cq, 16, wc);
+    for (int i = 0; i < n; ++i) {
+      int k = find(g, wc[i].qp_num);
+      if (k < 0) continue;  // a member that left
+      Member& m = g->m[k];
+      if (m.count == m.slots) [[unlikely]] {
+        // Cannot happen (a member reserves every WR it can post); dropping
+        // would lose a completion, so say so.
+        LOG_WARN("transport: completion box of qp %u full; completion dropped", m.qp_num);
+        continue;
+      }
+      m.box[(m.head + m.count) % m.slots] = wc[i];
+      ++m.count;
+      if (m.c != self) told[k / 64] |= uint64_t{1} << (k % 64);
+    }
+  } while (n == 16);
+  bool any = false;
+  for (uint64_t w : told) any |= w != 0;
+  if (!any) return;
+  std::lock_guard lk(cm_hub::mu());
+  for (uint32_t k = 0; k < g->cap; ++k)
+    if (told[k / 64] & (uint64_t{1} << (k % 64))) g->m[k].c->deliver_cq_event();
+}
+
+uint32_t cap_for(uint32_t ngroups) {
+  return std::min<uint32_t>(kMaxMembers, 4u << std::min<uint32_t>(ngroups, 4));
+}
+}  // namespace
+
+Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* c, ibv_wc* box) {
+  std::lock_guard lk(g_mu);
+  uint32_t ng = g_ngroups.load(std::memory_order_relaxed);
+  uint32_t on_ctx = 0;
+  Group* g = nullptr;
+  for (uint32_t i = 0; i < ng && g == nullptr; ++i) {
+    Group* x = g_groups[i];
+    if (x->ctx != ctx) continue;
+    ++on_ctx;
+    std::lock_guard gl(x->mu);
+    if (x->n < x->cap && x->reserved + slots <= x->cqe) g = x;
+  }
+  if (g == nullptr) {
+    if (ng == kMaxGroups) {
+      errno = ENOMEM;
+      return nullptr;
+    }
+    ibv_device_attr da{};
+    uint32_t max_cqe = ibv_query_device(ctx, &da) == 0 && da.max_cqe > 0 ? uint32_t(da.max_cqe) : 65535;
+    if (slots > max_cqe) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    uint32_t cap = std::min(cap_for(on_ctx), max_cqe / slots);
+    auto* x = new (std::nothrow) Group;
+    if (x == nullptr) {
+      errno = ENOMEM;
+      return nullptr;
+    }
+    x->ctx = ctx;
+    x->cap = cap;
+    x->cqe = cap * slots;
+    x->cq = ibv_create_cq(ctx, static_cast<int>(x->cqe), x, ch, 0);
+    if (x->cq == nullptr || ibv_req_notify_cq(x->cq, 0) != 0) {
+      int e = errno ? errno : ENOMEM;
+      if (x->cq) ibv_destroy_cq(x->cq);
+      delete x;
+      errno = e;
+      return nullptr;
+    }
+    g_groups[ng] = x;
+    g_ngroups.store(ng + 1, std::memory_order_release);
+    g = x;
+  }
+  std::lock_guard gl(g->mu);
+  for (uint32_t i = 0; i < g->cap; ++i) {
+    Member& m = g->m[i];
+    if (m.c != nullptr) continue;
+    m = Member{c, 0, slots, box, 0, 0};
+    ++g->n;
+    g->reserved += slots;
+    g_members.fetch_add(1, std::memory_order_relaxed);
+    return g;
+  }
+  errno = ENOMEM;  // (unreachable: n < cap was checked under g_mu)
+  return nullptr;
+}
+
+ibv_cq* cq(const Group* g) { return g->cq; }
+
+void set_qp(Group* g, const Connection* c, uint32_t qp_num) {
+  std::lock_guard gl(g->mu);
+  if (int k = index_of(g, c); k >= 0) g->m[k].qp_num = qp_num;
+}
+
+void leave(Group* g, const Connection* c) {
+  std::lock_guard gl(g->mu);
+  int k = index_of(g, c);
+  if (k < 0) return;
+  // Our QP is gone: what it left in the CQ is ours to drop (and a later
+  // QP with the same number must not find it). Others' go to their boxes.
+  drain_locked(g, c);
+  g->reserved -= g->m[k].slots;
+  g->m[k] = Member{};
+  --g->n;
+  g_members.fetch_sub(1, std::memory_order_relaxed);
+}
+
+int poll(Group* g, Connection* c, ibv_wc* out, int max) {
+  std::lock_guard gl(g->mu);
+  int k = index_of(g, c);
+  if (k < 0) return 0;
+  Member& m = g->m[k];
+  if (m.count == 0) drain_locked(g, c);
+  int n = 0;
+  while (n < max && m.count > 0) {
+    out[n++] = m.box[m.head];
+    m.head = (m.head + 1) % m.slots;
+    --m.count;
+  }
+  // (Our owner loops or comes back at its next look: no callback.)
+  if (m.count > 0) c->mark_cq_backlog();
+  return n;
+}
+
+void on_event(Group* g) {
+  std::lock_guard gl(g->mu);
+  // Armed before the drain: see the header.
+  ibv_req_notify_cq(g->cq, 0);
+  drain_locked(g, nullptr);
+}
+
+uint32_t groups() { return g_ngroups.load(std::memory_order_relaxed); }
+uint32_t members() { return g_members.load(std::memory_order_relaxed); }
+
+void after_fork_child() {
+  // Only this thread exists; another may have held a lock at the fork. The
+  // parent's groups stay allocated, untouched (their CQs are the parent's).
+  new (&g_mu) std::mutex;
+  g_ngroups.store(0, std::memory_order_relaxed);
+  g_members.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace rsock::transport::cq_group

@@ -1,0 +1,82 @@
+// Completion queues shared by a process's connections (issue 11).
+//
+// A CQ per connection cost each connection a verbs object, a mapping of the
+// device file (vm.max_map_count) and, per completion event, a channel read
+// and a re-arm of its own. Here the connections of one device context share
+// CQs in groups: the first group has room for 4 connections, each next one
+// twice as many, up to 64 (a process with one connection does not pay for
+// a CQ sized for thousands).
+//
+// Why a CQ never overflows: a connection reserves its worst case
+// (send_queue_depth + recv_slots + 1: every WR it can have posted) when it
+// joins, and a group takes members only while the sum fits the CQ it made.
+//
+// Who sees a completion: whoever polls the group's CQ (a connection's owner
+// in Connection::poll_cq, or the completion hub's reader after an event,
+// on_event) takes everything the CQ holds and files each completion in its
+// connection's box (an array the connection owns, as deep as its
+// reservation, so it cannot overflow either). A connection that got
+// completions from someone else's poll is told so (Connection::
+// deliver_cq_event: its cq_notify callback wakes its sleepers), exactly as
+// the CQ event of its own CQ told it before. A completion of a QP that is no
+// member (it left: its QP is destroyed) is dropped.
+//
+// Arming: on_event re-arms the CQ before it drains it, so the CQ is armed
+// whenever no event is unread: a completion that lands after the drain
+// raises an event, one that landed before it is filed by it. Nothing else
+// ever needs to arm it (a disarmed CQ waiting for some member's next
+// progress() could starve another member's sleeper).
+//
+// Isolation stays per connection: a connection keeps its own PD (its ring's
+// rkey is valid only on its own QP, docs/TRANSPORT.md); a CQ carries only
+// completions of our own WRs, never the peer's data.
+//
+// Locking: a group's mutex is taken under a stream's lock (poll_cq) or
+// alone (on_event, join, leave), never under cm_hub::mu(); it takes
+// cm_hub::mu() inside to call the notify callbacks (those may not block or
+// take locks). Groups are never destroyed (their pointers are the CQs'
+// cq_context, read by the hub after an event), so an event for a group
+// whose members all left finds an empty group; a fork child forgets them.
+#pragma once
+
+#include <cstdint>
+
+struct ibv_context;
+struct ibv_comp_channel;
+struct ibv_cq;
+struct ibv_wc;
+
+namespace rsock::transport {
+class Connection;
+}
+
+namespace rsock::transport::cq_group {
+
+struct Group;
+
+// The most members a group takes (the size of the last groups).
+constexpr uint32_t kMaxMembers = 64;
+
+// Joins `c` to a group of `ctx` with `slots` completions of room (its box,
+// `box`, holds as many), creating one on `ch` when none has room. nullptr
+// with errno set when no CQ can be made.
+Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* c, ibv_wc* box);
+ibv_cq* cq(const Group* g);
+// `c`'s QP has this number now (completions are filed by it).
+void set_qp(Group* g, const Connection* c, uint32_t qp_num);
+// `c` leaves, after its QP was destroyed: its completions still in the CQ
+// are dropped, others' filed; nothing reaches `c` after this.
+void leave(Group* g, const Connection* c);
+// Up to `max` of `c`'s completions, oldest first; drains the CQ when its box
+// is empty. A box still holding some afterwards marks `c`
+// (cq_event_pending) so that its owner comes back for them.
+int poll(Group* g, Connection* c, ibv_wc* out, int max);
+// The completion hub read the group's event: re-arms, drains, notifies.
+void on_event(Group* g);
+// How many groups (CQs) the process made, and members now (rsock-stat, tests).
+uint32_t groups();
+uint32_t members();
+// In a fork child: the groups are the parent's; forget them.
+void after_fork_child();
+
+}  // namespace rsock::transport::cq_group
