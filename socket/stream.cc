@@ -1374,8 +1374,9 @@ bool Stream::advance_locked(bool full) {
   int before_err = conn_->error();
   const Phase p0 = p;
   const auto before_sw = switch_state();
-  // Events the hubs delivered need the full progress (a CQ to re-arm, rdma_cm
-  // events); otherwise, on RDMA, the completion queue alone (no syscall).
+  // Events the hubs delivered need the full progress (completions filed for
+  // us by another's poll, rdma_cm events); otherwise, on RDMA, the
+  // completion queue alone (no syscall).
   bool deep = full || p != Phase::kRdma || conn_->cm_pending() || conn_->cq_event_pending();
   auto st = deep ? conn_->progress() : conn_->poll_completions();
   if (!st) {

@@ -92,8 +92,8 @@ Status<void> Connection::init_fds() {
 
 int Connection::fd() const { return grp_ != nullptr ? cq_hub::fd() : -1; }
 
-void Connection::deliver_cq_event() {
-  cq_event_.store(true, std::memory_order_release);
+void Connection::deliver_cq_event(bool mark) {
+  if (mark) cq_event_.store(true, std::memory_order_release);
   if (auto* fn = cq_notify_fn_ ? cq_notify_fn_ : notify_fn_) fn(notify_arg_);
 }
 
@@ -805,8 +805,8 @@ Status<void> Connection::wait(short events, int timeout_ms) {
   uint64_t start = now_ns();
   uint64_t end = timeout_ms < 0 ? UINT64_MAX : start + uint64_t(timeout_ms) * 1000000;
   // Spin on the CQ alone (no syscalls, not even a clock read: SpinDeadline);
-  // progress() and the fd only once the spin budget is spent, so the CQ is
-  // armed right before sleeping.
+  // progress() and the fd only once the spin budget is spent (the shared CQ
+  // is armed whenever no event is unread: cq_group.h).
   SpinDeadline spin(tun_.spin_us);
   bool spinning = tun_.spin_us != 0;
   bool slept_ready = true;
@@ -854,14 +854,13 @@ void Connection::destroy_resources() {
   // timewait); the rest of the kit goes to the pool for the next
   // connection, or is destroyed. Either way no completion event reaches us
   // after this (forget).
-  if (qp_) {
-    ibv_destroy_qp(qp_);
-    qp_ = nullptr;
-  }
   if (grp_) {
-    cq_group::leave(grp_, this);  // after the QP: nothing of ours is filed later
+    cq_group::leave(grp_, this, qp_);  // destroys the QP: nothing of ours is filed later
     grp_ = nullptr;
+  } else if (qp_) {
+    ibv_destroy_qp(qp_);
   }
+  qp_ = nullptr;
   kit_pool::Kit k = std::exchange(kit_, kit_pool::Kit{});
   if (tun_.kit_pool > 0 && drain_kit(&k) && kit_pool::give(k, tun_.kit_pool)) k = {};
   kit_pool::destroy(&k);
@@ -886,8 +885,6 @@ Connection::~Connection() {
     }
   }
   disconnect();
-  // (The hub acknowledges every event it reads at once, so ibv_destroy_cq
-  // never waits on one; events still queued die with the CQ.)
   destroy_resources();
   set_state(State::kClosed);  // (uncounted)
 }

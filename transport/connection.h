@@ -2,8 +2,8 @@
 //
 // Everything is nonblocking: calls return Err(EAGAIN) when they would block and
 // the caller waits for fd() to become readable or for its notify callback,
-// then calls progress(). fd() is the completion channel its CQ shares with
-// every connection on the device (cq_hub.h; -1 until the route is resolved):
+// then calls progress(). fd() is the completion channel the shared CQs
+// (cq_group.h) of every connection on the device raise their events on (cq_hub.h; -1 until the route is resolved):
 // a connection has no fd of its own.
 // rdma_cm events arrive through the process's shared channel (cm_hub.h),
 // which queues them here and calls the notify callback. Deadlines and
@@ -118,8 +118,9 @@ class Connection {
   // cm_hub only, under cm_hub::mu().
   void deliver_cm_event(const rdma_cm_event& ev);
   // cq_group only, under cm_hub::mu(): completions of ours were filed in our
-  // box by someone else's poll of the shared CQ.
-  void deliver_cq_event();
+  // box by someone else's poll of the shared CQ (`mark`), or taken by our
+  // own (the callback alone: another thread may sleep on us).
+  void deliver_cq_event(bool mark = true);
   // cq_group only, by our owner: our box still holds completions.
   void mark_cq_backlog() { cq_event_.store(true, std::memory_order_release); }
   // rdma_cm events wait for the next progress() (not poll_completions()).

@@ -57,8 +57,13 @@ int index_of(const Group* g, const Connection* c) {
   return -1;
 }
 
-// Under g->mu: everything in the CQ to its boxes. Members other than `self`
-// that got some are told, under cm_hub::mu() (their callbacks are read under it).
+// Under g->mu: everything in the CQ to its boxes. Every member that got
+// some is told, under cm_hub::mu() (the callbacks are read under it):
+// `self` too, through its callback alone. Its caller may poll once and
+// handle what it takes without announcing it (Connection::send's poll when
+// the ring is full), while another thread sleeps on the same connection for
+// that very data; with a CQ per connection, the CQ's event told that
+// sleeper, but the shared CQ's event may now find the CQ empty.
 void drain_locked(Group* g, const Connection* self) {
   uint64_t told[kMaxMembers / 64] = {};
   ibv_wc wc[16];
@@ -77,7 +82,7 @@ void drain_locked(Group* g, const Connection* self) {
       }
       m.box[(m.head + m.count) % m.slots] = wc[i];
       ++m.count;
-      if (m.c != self) told[k / 64] |= uint64_t{1} << (k % 64);
+      told[k / 64] |= uint64_t{1} << (k % 64);
     }
   } while (n == 16);
   bool any = false;
@@ -85,7 +90,7 @@ void drain_locked(Group* g, const Connection* self) {
   if (!any) return;
   std::lock_guard lk(cm_hub::mu());
   for (uint32_t k = 0; k < g->cap; ++k)
-    if (told[k / 64] & (uint64_t{1} << (k % 64))) g->m[k].c->deliver_cq_event();
+    if (told[k / 64] & (uint64_t{1} << (k % 64))) g->m[k].c->deliver_cq_event(g->m[k].c != self);
 }
 
 uint32_t cap_for(uint32_t ngroups) {
@@ -158,12 +163,16 @@ void set_qp(Group* g, const Connection* c, uint32_t qp_num) {
   if (int k = index_of(g, c); k >= 0) g->m[k].qp_num = qp_num;
 }
 
-void leave(Group* g, const Connection* c) {
+void leave(Group* g, const Connection* c, ibv_qp* qp) {
   std::lock_guard gl(g->mu);
+  // The QP goes under the lock: a QP made meanwhile by another member may
+  // get its number, and must not set it (set_qp) while we still hold it,
+  // or its completions would be filed in our box.
+  if (qp != nullptr) ibv_destroy_qp(qp);
   int k = index_of(g, c);
   if (k < 0) return;
-  // Our QP is gone: what it left in the CQ is ours to drop (and a later
-  // QP with the same number must not find it). Others' go to their boxes.
+  // What our QP left in the CQ is ours to drop (and a later QP with the
+  // same number must not find it). Others' go to their boxes.
   drain_locked(g, c);
   g->reserved -= g->m[k].slots;
   g->m[k] = Member{};
@@ -191,7 +200,12 @@ int poll(Group* g, Connection* c, ibv_wc* out, int max) {
 void on_event(Group* g) {
   std::lock_guard gl(g->mu);
   // Armed before the drain: see the header.
-  ibv_req_notify_cq(g->cq, 0);
+  if (int e = ibv_req_notify_cq(g->cq, 0); e != 0) [[unlikely]] {
+    // Never seen. Without an arm no event comes: sleepers would wake only
+    // for their timers. Say so once; the next event (if any) tries again.
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) LOG_WARN("transport: cannot arm a completion queue (%d)", e);
+  }
   drain_locked(g, nullptr);
 }
 

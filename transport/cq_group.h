@@ -18,7 +18,9 @@
 // reservation, so it cannot overflow either). A connection that got
 // completions from someone else's poll is told so (Connection::
 // deliver_cq_event: its cq_notify callback wakes its sleepers), exactly as
-// the CQ event of its own CQ told it before. A completion of a QP that is no
+// the CQ event of its own CQ told it before; so is a connection whose own
+// poll took some (its callback alone), as another thread of the program may
+// sleep on it. A completion of a QP that is no
 // member (it left: its QP is destroyed) is dropped.
 //
 // Arming: on_event re-arms the CQ before it drains it, so the CQ is armed
@@ -31,10 +33,11 @@
 // rkey is valid only on its own QP, docs/TRANSPORT.md); a CQ carries only
 // completions of our own WRs, never the peer's data.
 //
-// Locking: a group's mutex is taken under a stream's lock (poll_cq) or
-// alone (on_event, join, leave), never under cm_hub::mu(); it takes
-// cm_hub::mu() inside to call the notify callbacks (those may not block or
-// take locks). Groups are never destroyed (their pointers are the CQs'
+// Locking: a group's mutex is taken under a stream's lock (poll_cq, leave,
+// and on_event through a progress() that reads the hub), under an epoll
+// set's lock (on_event from a harvest) or alone, never under cm_hub::mu();
+// it takes cm_hub::mu() inside to call the notify callbacks (those may not
+// block or take locks). join takes g_mu first (docs/DESIGN.md, "Lock order"). Groups are never destroyed (their pointers are the CQs'
 // cq_context, read by the hub after an event), so an event for a group
 // whose members all left finds an empty group; a fork child forgets them.
 #pragma once
@@ -45,6 +48,7 @@ struct ibv_context;
 struct ibv_comp_channel;
 struct ibv_cq;
 struct ibv_wc;
+struct ibv_qp;
 
 namespace rsock::transport {
 class Connection;
@@ -64,9 +68,9 @@ Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* 
 ibv_cq* cq(const Group* g);
 // `c`'s QP has this number now (completions are filed by it).
 void set_qp(Group* g, const Connection* c, uint32_t qp_num);
-// `c` leaves, after its QP was destroyed: its completions still in the CQ
-// are dropped, others' filed; nothing reaches `c` after this.
-void leave(Group* g, const Connection* c);
+// `c` leaves: destroys its QP `qp` (if any) under the group's lock, drops
+// what that QP left in the CQ, files others'; nothing reaches `c` after this.
+void leave(Group* g, const Connection* c, ibv_qp* qp);
 // Up to `max` of `c`'s completions, oldest first; drains the CQ when its box
 // is empty. A box still holding some afterwards marks `c`
 // (cq_event_pending) so that its owner comes back for them.

@@ -1,16 +1,16 @@
 // The verbs resources of closed connections, kept for the next ones.
 //
-// A connection's kit (its PD, CQ and three registered rings) costs most of
+// A connection's kit (its PD and three registered rings) costs most of
 // what creating its verbs resources costs: on rxe every object is a verbs
-// command to the kernel, the CQ is a fresh mapping, and registering a ring
-// pins and zeroes its pages. Measured in the TCG guest (scratch timing of
+// command to the kernel and registering a ring pins and zeroes its pages
+// (its CQ, once part of the kit, is shared now: cq_group.h). Measured in the TCG guest (scratch timing of
 // the same calls, 200 kits, 64 KiB rings): PD 22 us, CQ 155-317 us, the
 // three rings 616-950 us, the QP 316-563 us, INIT and the receives 44-53
 // us; destroying them all 560-620 us. A program that opens and closes
 // connections (an HTTP client without keep-alive, a churning connection
 // pool, a benchmark) paid that per connection on both ends. A closing
-// connection now destroys only its QP, drains its CQ and leaves the rest
-// here; the next connection on the same device context with the same sizes
+// connection now destroys only its QP, leaves its CQ group and leaves the
+// rest here; the next connection on the same device context with the same sizes
 // takes it and creates only a QP.
 //
 // Why not the QP too: a QP number that served a connection must not serve
@@ -66,7 +66,7 @@ struct Kit {
 // Moves a kit matching these into `out`; false if none.
 bool take(ibv_context* ctx, uint32_t ring_bytes, uint32_t sq_depth, uint32_t recv_slots,
           Kit* out);
-// Keeps `k` (its QP destroyed, its CQ drained and forgotten, idle_since_ns
+// Keeps `k` (its QP destroyed, its connection out of its CQ group, idle_since_ns
 // set) if the pool has room for it within `max_idle` kits; false: the
 // caller destroys it.
 bool give(const Kit& k, uint32_t max_idle);

@@ -46,9 +46,11 @@ uint32_t grown_ring_bytes(const config::Tunables& tun);
 uint64_t connection_bytes(uint32_t ring_bytes, uint32_t sq_depth, uint32_t recv_slots);
 
 // Memory mappings. The kernel allows a process vm.max_map_count of them
-// (65530 by default), and a connection costs several: on rxe its CQ, send
-// and receive queues are three mappings of the device file, plus its rings
-// (measured: 4.0 per upgraded socket, bench/footprint). A program with
+// (65530 by default), and a connection costs several: on rxe its send and
+// receive queues are two mappings of the device file, plus its rings and
+// its share of a CQ shared by up to 64 (cq_group.h; 4 for the first group:
+// so 4 is what is counted; measured 4.0 per upgraded socket with a CQ each,
+// bench/footprint). A program with
 // thousands of connections that ran out of them would fail its own next
 // mmap (a 128 KiB malloc), so librsock takes at most seven eighths of the
 // limit: past that, new connections stay on TCP (no_resources).
