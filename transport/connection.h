@@ -307,7 +307,11 @@ class Connection {
   void check_timers(uint64_t now);
   uint32_t cq_slots() const { return sq_depth_ + recv_slots_ + 1; }  // our share of the shared CQ
   // connection_datapath.cc: hot path
-  bool poll_cq();                 // true if any completion was handled
+  // True if any completion was handled. `tell_self`: our completion
+  // callback runs if the CQ held some of ours (cq_group.h), for the polls
+  // whose caller announces nothing (send/recv's one look, made after the
+  // socket layer's step, which announces what changed, has run).
+  bool poll_cq(bool tell_self = false);
   void take_cq_event();           // reads the hub if a sleeper left it to us; takes our mark
   bool handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_t byte_len);
   bool post_recv(uint32_t slot);

@@ -307,10 +307,10 @@ Status<void> Connection::poll_completions() {
   return Ok();
 }
 
-bool Connection::poll_cq() {
+bool Connection::poll_cq(bool tell_self) {
   ibv_wc wc[kPollBatch];
   if (grp_ == nullptr) return false;
-  int n = cq_group::poll(grp_, this, wc, kPollBatch);  // ours only
+  int n = cq_group::poll(grp_, this, wc, kPollBatch, tell_self);  // ours only
   if (n <= 0) return false;
   ctr_.completions += uint64_t(n);
   for (int i = 0; i < n; ++i) {
@@ -372,7 +372,7 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
   IovCursor cur{iov};
   size_t left = cur.remaining();
   if (left == 0) return size_t{0};
-  if (writable() == 0 && poll_cq()) flush_pending();
+  if (writable() == 0 && poll_cq(/*tell_self=*/true)) flush_pending();
   if (state_ == State::kError) return Err(err_);
 
   const size_t inline_limit = std::min<size_t>({tun_.inline_threshold, max_inline_, kMaxInlineStack});
@@ -430,7 +430,7 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
 }
 
 Status<size_t> Connection::recv(std::span<const iovec> iov, bool peek) {
-  if (rx_.readable() == 0 && grp_ != nullptr && poll_cq()) flush_pending();
+  if (rx_.readable() == 0 && grp_ != nullptr && poll_cq(/*tell_self=*/true)) flush_pending();
   uint64_t avail = rx_.readable();
   if (avail == 0) {
     if (fin_received_) return size_t{0};
@@ -483,7 +483,7 @@ Status<void> Connection::send_control(uint8_t type, std::span<const std::byte> d
   if (!data.empty()) std::memcpy(buf + 1, data.data(), data.size());  // data() may be null
   if (!post_control(wire::ControlType::kApp, buf, data.size() + 1)) {
     if (state_ == State::kError) return Err(err_);
-    if (poll_cq()) flush_pending();
+    if (poll_cq(/*tell_self=*/true)) flush_pending();
     if (!post_control(wire::ControlType::kApp, buf, data.size() + 1))
       return state_ == State::kError ? Err(err_) : Err(EAGAIN);
   }
@@ -491,7 +491,7 @@ Status<void> Connection::send_control(uint8_t type, std::span<const std::byte> d
 }
 
 Status<ControlMessage> Connection::recv_control() {
-  if (controls_.empty() && grp_ != nullptr && poll_cq()) flush_pending();
+  if (controls_.empty() && grp_ != nullptr && poll_cq(/*tell_self=*/true)) flush_pending();
   if (controls_.empty()) return state_ == State::kError ? Err(err_) : Err(EAGAIN);
   ControlMessage m = controls_.front();
   controls_.pop_front();

@@ -59,12 +59,12 @@ int index_of(const Group* g, const Connection* c) {
 
 // Under g->mu: everything in the CQ to its boxes. Every member that got
 // some is told, under cm_hub::mu() (the callbacks are read under it):
-// `self` too, through its callback alone. Its caller may poll once and
+// `self` too, with `tell_self`, through its callback alone. Its caller may poll once and
 // handle what it takes without announcing it (Connection::send's poll when
 // the ring is full), while another thread sleeps on the same connection for
 // that very data; with a CQ per connection, the CQ's event told that
 // sleeper, but the shared CQ's event may now find the CQ empty.
-void drain_locked(Group* g, const Connection* self) {
+void drain_locked(Group* g, const Connection* self, bool tell_self) {
   uint64_t told[kMaxMembers / 64] = {};
   ibv_wc wc[16];
   int n;
@@ -82,7 +82,7 @@ void drain_locked(Group* g, const Connection* self) {
       }
       m.box[(m.head + m.count) % m.slots] = wc[i];
       ++m.count;
-      told[k / 64] |= uint64_t{1} << (k % 64);
+      if (m.c != self || tell_self) told[k / 64] |= uint64_t{1} << (k % 64);
     }
   } while (n == 16);
   bool any = false;
@@ -173,19 +173,19 @@ void leave(Group* g, const Connection* c, ibv_qp* qp) {
   if (k < 0) return;
   // What our QP left in the CQ is ours to drop (and a later QP with the
   // same number must not find it). Others' go to their boxes.
-  drain_locked(g, c);
+  drain_locked(g, c, false);
   g->reserved -= g->m[k].slots;
   g->m[k] = Member{};
   --g->n;
   g_members.fetch_sub(1, std::memory_order_relaxed);
 }
 
-int poll(Group* g, Connection* c, ibv_wc* out, int max) {
+int poll(Group* g, Connection* c, ibv_wc* out, int max, bool tell_self) {
   std::lock_guard gl(g->mu);
   int k = index_of(g, c);
   if (k < 0) return 0;
   Member& m = g->m[k];
-  if (m.count == 0) drain_locked(g, c);
+  if (m.count == 0) drain_locked(g, c, tell_self);
   int n = 0;
   while (n < max && m.count > 0) {
     out[n++] = m.box[m.head];
@@ -206,7 +206,7 @@ void on_event(Group* g) {
     static std::atomic<bool> said{false};
     if (!said.exchange(true)) LOG_WARN("transport: cannot arm a completion queue (%d)", e);
   }
-  drain_locked(g, nullptr);
+  drain_locked(g, nullptr, false);
 }
 
 uint32_t groups() { return g_ngroups.load(std::memory_order_relaxed); }

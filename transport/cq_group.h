@@ -20,7 +20,7 @@
 // deliver_cq_event: its cq_notify callback wakes its sleepers), exactly as
 // the CQ event of its own CQ told it before; so is a connection whose own
 // poll took some (its callback alone), as another thread of the program may
-// sleep on it. A completion of a QP that is no
+// sleep on it (when its poll says so: `tell_self`). A completion of a QP that is no
 // member (it left: its QP is destroyed) is dropped.
 //
 // Arming: on_event re-arms the CQ before it drains it, so the CQ is armed
@@ -74,7 +74,9 @@ void leave(Group* g, const Connection* c, ibv_qp* qp);
 // Up to `max` of `c`'s completions, oldest first; drains the CQ when its box
 // is empty. A box still holding some afterwards marks `c`
 // (cq_event_pending) so that its owner comes back for them.
-int poll(Group* g, Connection* c, ibv_wc* out, int max);
+// `tell_self`: if the CQ held some of `c`'s, its callback runs too (as
+// for the other members), for a caller that announces nothing itself.
+int poll(Group* g, Connection* c, ibv_wc* out, int max, bool tell_self);
 // The completion hub read the group's event: re-arms, drains, notifies.
 void on_event(Group* g);
 // How many groups (CQs) the process made, and members now (rsock-stat, tests).
