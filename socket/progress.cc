@@ -1100,6 +1100,7 @@ void* thread_main(void*) {
     // Closed connections' kits unused for a while give their pinned memory
     // back (transport/kit_pool.h); outside g_mu, as they are verbs calls.
     transport::kit_pool::trim(now_ns());
+    transport::cq_group::trim(now_ns());  // (CQs of groups left empty, likewise)
     publish_resources();
     awake.unlock();
     int n = sys::libc.epoll_wait(g_epfd, evs, 16, timeout);
@@ -1780,7 +1781,7 @@ void log_exit_summary() {
                              (unsigned long long)n));
   }
   // kits_reused: connections whose verbs resources were a closed one's
-  // (transport/kit_pool.h); cqs: the shared CQs made (transport/cq_group.h).
+  // (transport/kit_pool.h); cqs: the shared CQs held (transport/cq_group.h).
   LOG_INFO("summary: connections=%llu upgraded=%llu fallbacks=%llu rdma_tx=%llu rdma_rx=%llu "
            "tcp_tx=%llu tcp_rx=%llu kits_reused=%llu cqs=%u (bytes: closed connections and live"
            " upgraded ones; fallbacks:%s)",

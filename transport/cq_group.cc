@@ -10,6 +10,7 @@
 
 #include "transport/cm_hub.h"
 #include "transport/connection.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 namespace rsock::transport::cq_group {
@@ -27,7 +28,8 @@ struct Member {
 struct Group {
   std::mutex mu;
   ibv_context* ctx = nullptr;
-  ibv_cq* cq = nullptr;
+  ibv_cq* cq = nullptr;   // nullptr: trimmed (no members for kIdleNs); join makes a new one
+  uint64_t empty_since_ns = 0;
   uint32_t cqe = 0;       // what members may reserve in all
   uint32_t reserved = 0;  // what they do
   uint32_t cap = 0;       // members at most (<= kMaxMembers)
@@ -42,8 +44,26 @@ namespace {
 constexpr uint32_t kMaxGroups = 4096;
 std::mutex g_mu;
 Group* g_groups[kMaxGroups];
-std::atomic<uint32_t> g_ngroups{0};
+std::atomic<uint32_t> g_ngroups{0};  // Group structs made
+std::atomic<uint32_t> g_cqs{0};      // of which hold a CQ
 std::atomic<uint32_t> g_members{0};
+
+// Under g_mu and g->mu: a CQ for the (memberless) group `g`.
+bool make_cq(Group* g, ibv_comp_channel* ch, uint32_t cap, uint32_t slots) {
+  g->cap = cap;
+  g->cqe = cap * slots;
+  g->reserved = 0;
+  g->cq = ibv_create_cq(g->ctx, static_cast<int>(g->cqe), g, ch, 0);
+  if (g->cq == nullptr || ibv_req_notify_cq(g->cq, 0) != 0) {
+    int e = errno ? errno : ENOMEM;
+    if (g->cq) ibv_destroy_cq(g->cq);
+    g->cq = nullptr;
+    errno = e;
+    return false;
+  }
+  g_cqs.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
 
 int find(Group* g, uint32_t qp_num) {
   for (uint32_t i = 0; i < g->cap; ++i)
@@ -101,17 +121,22 @@ uint32_t cap_for(uint32_t ngroups) {
 Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* c, ibv_wc* box) {
   std::lock_guard lk(g_mu);
   uint32_t ng = g_ngroups.load(std::memory_order_relaxed);
-  uint32_t on_ctx = 0;
+  uint32_t on_ctx = 0;  // groups of ctx with a CQ
   Group* g = nullptr;
+  Group* spare = nullptr;  // a trimmed group of ctx, to make a CQ for
   for (uint32_t i = 0; i < ng && g == nullptr; ++i) {
     Group* x = g_groups[i];
     if (x->ctx != ctx) continue;
-    ++on_ctx;
     std::lock_guard gl(x->mu);
+    if (x->cq == nullptr) {
+      if (spare == nullptr) spare = x;
+      continue;
+    }
+    ++on_ctx;
     if (x->n < x->cap && x->reserved + slots <= x->cqe) g = x;
   }
   if (g == nullptr) {
-    if (ng == kMaxGroups) {
+    if (spare == nullptr && ng == kMaxGroups) {
       errno = ENOMEM;
       return nullptr;
     }
@@ -122,24 +147,26 @@ Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* 
       return nullptr;
     }
     uint32_t cap = std::min(cap_for(on_ctx), max_cqe / slots);
-    auto* x = new (std::nothrow) Group;
+    Group* x = spare;
     if (x == nullptr) {
-      errno = ENOMEM;
-      return nullptr;
+      x = new (std::nothrow) Group;
+      if (x == nullptr) {
+        errno = ENOMEM;
+        return nullptr;
+      }
+      x->ctx = ctx;
     }
-    x->ctx = ctx;
-    x->cap = cap;
-    x->cqe = cap * slots;
-    x->cq = ibv_create_cq(ctx, static_cast<int>(x->cqe), x, ch, 0);
-    if (x->cq == nullptr || ibv_req_notify_cq(x->cq, 0) != 0) {
-      int e = errno ? errno : ENOMEM;
-      if (x->cq) ibv_destroy_cq(x->cq);
-      delete x;
-      errno = e;
-      return nullptr;
+    {
+      std::lock_guard gl(x->mu);
+      if (!make_cq(x, ch, cap, slots)) {
+        if (x != spare) delete x;
+        return nullptr;
+      }
     }
-    g_groups[ng] = x;
-    g_ngroups.store(ng + 1, std::memory_order_release);
+    if (x != spare) {
+      g_groups[ng] = x;
+      g_ngroups.store(ng + 1, std::memory_order_release);
+    }
     g = x;
   }
   std::lock_guard gl(g->mu);
@@ -176,8 +203,26 @@ void leave(Group* g, const Connection* c, ibv_qp* qp) {
   drain_locked(g, c, false);
   g->reserved -= g->m[k].slots;
   g->m[k] = Member{};
-  --g->n;
+  if (--g->n == 0) g->empty_since_ns = now_ns();
   g_members.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void trim(uint64_t now, bool all) {
+  if (g_cqs.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard lk(g_mu);
+  uint32_t ng = g_ngroups.load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < ng; ++i) {
+    Group* g = g_groups[i];
+    std::lock_guard gl(g->mu);
+    if (g->cq == nullptr || g->n != 0 || (!all && now - g->empty_since_ns < kIdleNs)) continue;
+    // An event the hub has read but not yet acknowledged makes this wait
+    // for the acknowledgement, which the hub gives under cm_hub::mu(),
+    // never under a group's lock; one still unread goes with the CQ. The
+    // hub's on_event for it finds no CQ.
+    ibv_destroy_cq(g->cq);
+    g->cq = nullptr;
+    g_cqs.fetch_sub(1, std::memory_order_relaxed);
+  }
 }
 
 int poll(Group* g, Connection* c, ibv_wc* out, int max, bool tell_self) {
@@ -199,6 +244,7 @@ int poll(Group* g, Connection* c, ibv_wc* out, int max, bool tell_self) {
 
 void on_event(Group* g) {
   std::lock_guard gl(g->mu);
+  if (g->cq == nullptr) return;  // trimmed since the hub read its event
   // Armed before the drain: see the header.
   if (int e = ibv_req_notify_cq(g->cq, 0); e != 0) [[unlikely]] {
     // Never seen. Without an arm no event comes: sleepers would wake only
@@ -209,7 +255,7 @@ void on_event(Group* g) {
   drain_locked(g, nullptr, false);
 }
 
-uint32_t groups() { return g_ngroups.load(std::memory_order_relaxed); }
+uint32_t groups() { return g_cqs.load(std::memory_order_relaxed); }
 uint32_t members() { return g_members.load(std::memory_order_relaxed); }
 
 void after_fork_child() {
@@ -217,6 +263,7 @@ void after_fork_child() {
   // parent's groups stay allocated, untouched (their CQs are the parent's).
   new (&g_mu) std::mutex;
   g_ngroups.store(0, std::memory_order_relaxed);
+  g_cqs.store(0, std::memory_order_relaxed);
   g_members.store(0, std::memory_order_relaxed);
 }
 

@@ -37,9 +37,16 @@
 // and on_event through a progress() that reads the hub), under an epoll
 // set's lock (on_event from a harvest) or alone, never under cm_hub::mu();
 // it takes cm_hub::mu() inside to call the notify callbacks (those may not
-// block or take locks). join takes g_mu first (docs/DESIGN.md, "Lock order"). Groups are never destroyed (their pointers are the CQs'
-// cq_context, read by the hub after an event), so an event for a group
-// whose members all left finds an empty group; a fork child forgets them.
+// block or take locks). join and trim take g_mu first (docs/DESIGN.md,
+// "Lock order").
+//
+// Groups are never freed (their pointers are the CQs' cq_context, read by
+// the hub after an event), so an event for a group whose members all left
+// finds an empty group. A group without members for kIdleNs gives its CQ
+// back (trim, from the progress thread's tick: after a spike of 10,000
+// connections a server would otherwise keep about 160 CQs, some 300 MiB
+// of kernel memory on rxe), and the next join makes it a new one. A fork
+// child forgets them.
 #pragma once
 
 #include <cstdint>
@@ -79,7 +86,11 @@ void leave(Group* g, const Connection* c, ibv_qp* qp);
 int poll(Group* g, Connection* c, ibv_wc* out, int max, bool tell_self);
 // The completion hub read the group's event: re-arms, drains, notifies.
 void on_event(Group* g);
-// How many groups (CQs) the process made, and members now (rsock-stat, tests).
+constexpr uint64_t kIdleNs = 5'000'000'000;
+// Destroys the CQs of groups without members for kIdleNs (all of them
+// with `all`). Cheap when there is none.
+void trim(uint64_t now_ns, bool all = false);
+// How many groups hold a CQ now, and members now (the exit summary, tests).
 uint32_t groups();
 uint32_t members();
 // In a fork child: the groups are the parent's; forget them.

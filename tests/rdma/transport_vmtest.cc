@@ -379,6 +379,18 @@ int many_case() {
     CHECK(rt::kit_pool::idle() == 0 && rt::pinned::in_use() == 0,
           "after trimming: %d kits, %llu bytes pinned", rt::kit_pool::idle(),
           (unsigned long long)rt::pinned::in_use());
+    // The shared CQs of the groups they left: kept until idle (not yet),
+    // then given back (cq_group.h, trim); the kernel lists none after.
+    int cqs_before = count_cqs(getpid());
+    CHECK(cqs_before >= 1 && uint32_t(cqs_before) == rt::cq_group::groups(),
+          "%d CQs listed with every connection closed, %u groups", cqs_before,
+          rt::cq_group::groups());
+    rt::cq_group::trim(rsock::now_ns());
+    CHECK(count_cqs(getpid()) == cqs_before, "CQs trimmed before they were idle");
+    rt::cq_group::trim(0, /*all=*/true);
+    CHECK(count_cqs(getpid()) == 0 && rt::cq_group::groups() == 0,
+          "after trimming: the kernel lists %d CQs, %u groups hold one", count_cqs(getpid()),
+          rt::cq_group::groups());
     log_line("many: all %d QPs released after %.2f s", kConns, secs_since(t0));
     return 0;
   };
@@ -840,14 +852,15 @@ int foreign_rkey_case() {
 // ---------------------------------------------------------------- kit_reuse
 // Kits of closed connections serve the next ones (transport/kit_pool.h).
 // The client opens c1 and an attacker connection a; c1 streams and closes,
-// and on the server its kit (PD, CQ, registered rings) goes to the pool.
+// and on the server its kit (PD, registered rings) goes to the pool.
 // The client then opens c2, which must get that kit on the server: the
 // same receive ring and rkey, behind a new QP. The attacker then writes
 // through its own QP at the ring c1's server end had, with c1's rkey: c2's
 // ring now. The device must refuse it as for any other connection (the kit
 // kept its own PD), and c2's stream must arrive intact. Then the kit of the
 // attacker's connection, one that failed, serves c4 on both ends, and every
-// byte is checked.
+// byte is checked. Before c4, both ends trim their emptied shared CQ, so
+// c4 also runs on a CQ made again for the same group.
 int kit_reuse_case() {
   Tunables tun = test_tunables();
   constexpr size_t kBytes = 1u << 20;
@@ -864,7 +877,12 @@ int kit_reuse_case() {
     expect_seeded_then_eof(*c2, kBytes, 32, "c2 (on c1's kit, attacked)");
     c2.reset();
     a.reset();  // failed: its kit is drained and kept too, and is the newest
+    // No connection left: the shared CQ goes too (cq_group.h, trim), and
+    // c4's join makes the emptied group a new one.
+    rt::cq_group::trim(0, /*all=*/true);
+    CHECK(rt::cq_group::groups() == 0, "%u CQs after trimming", rt::cq_group::groups());
     auto c4 = accept_one(l);
+    CHECK(rt::cq_group::groups() == 1, "%u CQs for c4", rt::cq_group::groups());
     CHECK(c4->reused_kit(), "c4 made a new kit with %d pooled", rt::kit_pool::idle());
     expect_seeded_then_eof(*c4, kBytes, 33, "c4");
     log_line("kit_reuse: server: c2 on c1's kit refused the foreign write, c4 on a reused kit "
@@ -899,6 +917,9 @@ int kit_reuse_case() {
     send_seeded_and_close(*c2, kBytes, 32);
     c2.reset();
     a.reset();  // failed: its kit is drained and kept too, and is the newest
+    rt::cq_group::trim(0, /*all=*/true);  // (as on the server)
+    CHECK(rt::cq_group::groups() == 0 && count_cqs(getpid()) == 0, "%u CQs after trimming",
+          rt::cq_group::groups());
     auto c4 = connect_to(port, tun);
     CHECK(c4->reused_kit(), "c4 made a new kit with %d pooled", rt::kit_pool::idle());
     CHECK(c4->debug_peer_ring().second == rkey_a,
