@@ -46,6 +46,10 @@ std::mutex g_mu;
 Group* g_groups[kMaxGroups];
 std::atomic<uint32_t> g_ngroups{0};  // Group structs made
 std::atomic<uint32_t> g_cqs{0};      // of which hold a CQ
+std::atomic<uint32_t> g_empty{0};    // of which hold a CQ and no member (trim's work)
+// CQs one trim destroys at most: the rest wait for the next tick, so joins
+// (under g_mu, which trim holds) do not wait behind a hundred destroys.
+constexpr int kTrimBatch = 8;
 std::atomic<uint32_t> g_members{0};
 
 // Under g_mu and g->mu: a CQ for the (memberless) group `g`.
@@ -174,7 +178,10 @@ Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* 
     Member& m = g->m[i];
     if (m.c != nullptr) continue;
     m = Member{c, 0, slots, box, 0, 0};
-    ++g->n;
+    if (g->n++ == 0 && g->empty_since_ns != 0) {
+      g->empty_since_ns = 0;
+      g_empty.fetch_sub(1, std::memory_order_relaxed);
+    }
     g->reserved += slots;
     g_members.fetch_add(1, std::memory_order_relaxed);
     return g;
@@ -203,25 +210,40 @@ void leave(Group* g, const Connection* c, ibv_qp* qp) {
   drain_locked(g, c, false);
   g->reserved -= g->m[k].slots;
   g->m[k] = Member{};
-  if (--g->n == 0) g->empty_since_ns = now_ns();
+  if (--g->n == 0) {
+    g->empty_since_ns = now_ns();
+    g_empty.fetch_add(1, std::memory_order_relaxed);
+  }
   g_members.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void trim(uint64_t now, bool all) {
-  if (g_cqs.load(std::memory_order_relaxed) == 0) return;
+  // (Every tick: no lock while no group is empty, which is the usual case.)
+  if (g_empty.load(std::memory_order_relaxed) == 0) return;
   std::lock_guard lk(g_mu);
   uint32_t ng = g_ngroups.load(std::memory_order_relaxed);
-  for (uint32_t i = 0; i < ng; ++i) {
+  int done = 0;
+  for (uint32_t i = 0; i < ng && (all || done < kTrimBatch); ++i) {
     Group* g = g_groups[i];
     std::lock_guard gl(g->mu);
-    if (g->cq == nullptr || g->n != 0 || (!all && now - g->empty_since_ns < kIdleNs)) continue;
+    if (g->cq == nullptr || g->n != 0) continue;
+    // (A leave after our caller read the clock is younger than `now`.)
+    if (!all && (g->empty_since_ns > now || now - g->empty_since_ns < kIdleNs)) continue;
     // An event the hub has read but not yet acknowledged makes this wait
     // for the acknowledgement, which the hub gives under cm_hub::mu(),
     // never under a group's lock; one still unread goes with the CQ. The
     // hub's on_event for it finds no CQ.
-    ibv_destroy_cq(g->cq);
+    if (int e = ibv_destroy_cq(g->cq); e != 0) {
+      // (Never seen: a QP still on it. Kept, and counted as it is.)
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) LOG_WARN("transport: cannot destroy an idle completion queue (%d)", e);
+      continue;
+    }
     g->cq = nullptr;
+    g->empty_since_ns = 0;
+    g_empty.fetch_sub(1, std::memory_order_relaxed);
     g_cqs.fetch_sub(1, std::memory_order_relaxed);
+    ++done;
   }
 }
 
@@ -264,6 +286,7 @@ void after_fork_child() {
   new (&g_mu) std::mutex;
   g_ngroups.store(0, std::memory_order_relaxed);
   g_cqs.store(0, std::memory_order_relaxed);
+  g_empty.store(0, std::memory_order_relaxed);
   g_members.store(0, std::memory_order_relaxed);
 }
 

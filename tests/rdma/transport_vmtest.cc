@@ -367,6 +367,7 @@ int many_case() {
     }
     log_line("many: %d echoes ok after %.2f s", kConns, secs_since(t0));
     CHECK(count_rc_qps(getpid()) == kConns, "RC QPs of the client: %d", count_rc_qps(getpid()));
+    const uint64_t t_close = rsock::now_ns();  // before the first group empties
     conns.clear();  // orderly close of all: every QP must be gone afterwards
     int left = count_rc_qps(getpid());
     CHECK(left == 0, "%d RC QPs left after destroying every connection", left);
@@ -385,7 +386,7 @@ int many_case() {
     CHECK(cqs_before >= 1 && uint32_t(cqs_before) == rt::cq_group::groups(),
           "%d CQs listed with every connection closed, %u groups", cqs_before,
           rt::cq_group::groups());
-    rt::cq_group::trim(rsock::now_ns());
+    rt::cq_group::trim(t_close);  // (a clock older than every group's emptying)
     CHECK(count_cqs(getpid()) == cqs_before, "CQs trimmed before they were idle");
     rt::cq_group::trim(0, /*all=*/true);
     CHECK(count_cqs(getpid()) == 0 && rt::cq_group::groups() == 0,
