@@ -201,10 +201,10 @@ Status<void> Connection::create_resources() {
   // A shared CQ (cq_group.h): no CQ, no mapping and no re-arm of our own.
   cq_box_.reset(new (std::nothrow) ibv_wc[cq_slots()]);
   if (!cq_box_) return Err(ENOMEM);
-  grp_ = cq_group::join(ctx, comp_ch_, cq_slots(), this, cq_box_.get());
+  grp_ = cq_group::join(ctx, comp_ch_, cq_slots(), this, cq_box_.get(), &grp_slot_);
   if (grp_ == nullptr) return Err(errno ? errno : ENOMEM);
   if (auto s = create_qp(); !s) return s;
-  cq_group::set_qp(grp_, this, qp_->qp_num);
+  cq_group::set_qp(grp_, grp_slot_, qp_->qp_num);
   // Receives can be posted from INIT on.
   if (auto s = qp_to(IBV_QPS_INIT); !s) return s;
   sig_cover_.assign(sq_depth_, 0);
@@ -291,11 +291,9 @@ Status<void> Connection::create_qp() {
 
 // Whether a closing connection's kit (its QP already destroyed) can serve
 // another: complete. (Its completions were the shared CQ's, dropped when
-// it left its group.)
-bool Connection::drain_kit(kit_pool::Kit* k) {
-  if (!k->ctx || !k->pd || !k->rx_mr || !k->tx_mr || !k->rbuf_mr) return false;
-  k->idle_since_ns = now_ns();
-  return true;
+// it left its group: nothing to drain.)
+bool Connection::kit_reusable(const kit_pool::Kit& k) {
+  return k.ctx && k.pd && k.rx_mr && k.tx_mr && k.rbuf_mr;
 }
 
 // rdma_cm computes the attributes of each transition (path, PSNs, MTU, the
@@ -855,14 +853,14 @@ void Connection::destroy_resources() {
   // connection, or is destroyed. Either way no completion event reaches us
   // after this (forget).
   if (grp_) {
-    cq_group::leave(grp_, this, qp_);  // destroys the QP: nothing of ours is filed later
+    cq_group::leave(grp_, grp_slot_, qp_);  // destroys the QP: nothing of ours is filed later
     grp_ = nullptr;
   } else if (qp_) {
     ibv_destroy_qp(qp_);
   }
   qp_ = nullptr;
   kit_pool::Kit k = std::exchange(kit_, kit_pool::Kit{});
-  if (tun_.kit_pool > 0 && drain_kit(&k) && kit_pool::give(k, tun_.kit_pool)) k = {};
+  if (tun_.kit_pool > 0 && kit_reusable(k) && kit_pool::give(k, tun_.kit_pool)) k = {};
   kit_pool::destroy(&k);
   comp_ch_ = nullptr;  // the hub's
   if (id_) {

@@ -294,7 +294,7 @@ class Connection {
   Status<void> create_resources();
   Status<void> make_kit(ibv_context* ctx);
   Status<void> create_qp();
-  static bool drain_kit(kit_pool::Kit* k);
+  static bool kit_reusable(const kit_pool::Kit& k);
   void destroy_resources();
   void fill_setup(wire::SetupBlock* b, wire::SetupKind kind,
                   std::span<const std::byte> payload) const;
@@ -366,6 +366,7 @@ class Connection {
   // The shared CQ's group we are a member of (cq_group.h), and our box of
   // completions filed by whoever polled it (cq_slots() deep).
   cq_group::Group* grp_ = nullptr;
+  uint32_t grp_slot_ = 0;  // our place in it
   std::unique_ptr<ibv_wc[]> cq_box_;
   // Created with ibv_create_qp on our own context (transport/fds.h), not
   // with rdma_create_qp: rdma_cm only carries its number, and qp_to() moves

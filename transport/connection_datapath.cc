@@ -310,7 +310,7 @@ Status<void> Connection::poll_completions() {
 bool Connection::poll_cq(bool tell_self) {
   ibv_wc wc[kPollBatch];
   if (grp_ == nullptr) return false;
-  int n = cq_group::poll(grp_, this, wc, kPollBatch, tell_self);  // ours only
+  int n = cq_group::poll(grp_, grp_slot_, wc, kPollBatch, tell_self);  // ours only
   if (n <= 0) return false;
   ctr_.completions += uint64_t(n);
   for (int i = 0; i < n; ++i) {

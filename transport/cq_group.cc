@@ -50,7 +50,6 @@ std::atomic<uint32_t> g_empty{0};    // of which hold a CQ and no member (trim's
 // CQs one trim destroys at most: the rest wait for the next tick, so joins
 // (under g_mu, which trim holds) do not wait behind a hundred destroys.
 constexpr int kTrimBatch = 8;
-std::atomic<uint32_t> g_members{0};
 
 // Under g_mu and g->mu: a CQ for the (memberless) group `g`.
 bool make_cq(Group* g, ibv_comp_channel* ch, uint32_t cap, uint32_t slots) {
@@ -72,12 +71,6 @@ bool make_cq(Group* g, ibv_comp_channel* ch, uint32_t cap, uint32_t slots) {
 int find(Group* g, uint32_t qp_num) {
   for (uint32_t i = 0; i < g->cap; ++i)
     if (g->m[i].c != nullptr && g->m[i].qp_num == qp_num && qp_num != 0) return int(i);
-  return -1;
-}
-
-int index_of(const Group* g, const Connection* c) {
-  for (uint32_t i = 0; i < g->cap; ++i)
-    if (g->m[i].c == c) return int(i);
   return -1;
 }
 
@@ -122,7 +115,8 @@ uint32_t cap_for(uint32_t ngroups) {
 }
 }  // namespace
 
-Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* c, ibv_wc* box) {
+Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* c, ibv_wc* box,
+            uint32_t* slot) {
   std::lock_guard lk(g_mu);
   uint32_t ng = g_ngroups.load(std::memory_order_relaxed);
   uint32_t on_ctx = 0;  // groups of ctx with a CQ
@@ -183,7 +177,7 @@ Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* 
       g_empty.fetch_sub(1, std::memory_order_relaxed);
     }
     g->reserved += slots;
-    g_members.fetch_add(1, std::memory_order_relaxed);
+    *slot = i;
     return g;
   }
   errno = ENOMEM;  // (unreachable: n < cap was checked under g_mu)
@@ -192,29 +186,27 @@ Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* 
 
 ibv_cq* cq(const Group* g) { return g->cq; }
 
-void set_qp(Group* g, const Connection* c, uint32_t qp_num) {
+void set_qp(Group* g, uint32_t slot, uint32_t qp_num) {
   std::lock_guard gl(g->mu);
-  if (int k = index_of(g, c); k >= 0) g->m[k].qp_num = qp_num;
+  g->m[slot].qp_num = qp_num;
 }
 
-void leave(Group* g, const Connection* c, ibv_qp* qp) {
+void leave(Group* g, uint32_t slot, ibv_qp* qp) {
   std::lock_guard gl(g->mu);
   // The QP goes under the lock: a QP made meanwhile by another member may
   // get its number, and must not set it (set_qp) while we still hold it,
   // or its completions would be filed in our box.
   if (qp != nullptr) ibv_destroy_qp(qp);
-  int k = index_of(g, c);
-  if (k < 0) return;
+  Member& m = g->m[slot];
   // What our QP left in the CQ is ours to drop (and a later QP with the
   // same number must not find it). Others' go to their boxes.
-  drain_locked(g, c, false);
-  g->reserved -= g->m[k].slots;
-  g->m[k] = Member{};
+  drain_locked(g, m.c, false);
+  g->reserved -= m.slots;
+  m = Member{};
   if (--g->n == 0) {
     g->empty_since_ns = now_ns();
     g_empty.fetch_add(1, std::memory_order_relaxed);
   }
-  g_members.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void trim(uint64_t now, bool all) {
@@ -247,12 +239,10 @@ void trim(uint64_t now, bool all) {
   }
 }
 
-int poll(Group* g, Connection* c, ibv_wc* out, int max, bool tell_self) {
+int poll(Group* g, uint32_t slot, ibv_wc* out, int max, bool tell_self) {
   std::lock_guard gl(g->mu);
-  int k = index_of(g, c);
-  if (k < 0) return 0;
-  Member& m = g->m[k];
-  if (m.count == 0) drain_locked(g, c, tell_self);
+  Member& m = g->m[slot];
+  if (m.count == 0) drain_locked(g, m.c, tell_self);
   int n = 0;
   while (n < max && m.count > 0) {
     out[n++] = m.box[m.head];
@@ -260,7 +250,7 @@ int poll(Group* g, Connection* c, ibv_wc* out, int max, bool tell_self) {
     --m.count;
   }
   // (Our owner loops or comes back at its next look: no callback.)
-  if (m.count > 0) c->mark_cq_backlog();
+  if (m.count > 0) m.c->mark_cq_backlog();
   return n;
 }
 
@@ -278,7 +268,6 @@ void on_event(Group* g) {
 }
 
 uint32_t groups() { return g_cqs.load(std::memory_order_relaxed); }
-uint32_t members() { return g_members.load(std::memory_order_relaxed); }
 
 void after_fork_child() {
   // Only this thread exists; another may have held a lock at the fork. The
@@ -287,7 +276,6 @@ void after_fork_child() {
   g_ngroups.store(0, std::memory_order_relaxed);
   g_cqs.store(0, std::memory_order_relaxed);
   g_empty.store(0, std::memory_order_relaxed);
-  g_members.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace rsock::transport::cq_group

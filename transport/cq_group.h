@@ -69,30 +69,31 @@ struct Group;
 constexpr uint32_t kMaxMembers = 64;
 
 // Joins `c` to a group of `ctx` with `slots` completions of room (its box,
-// `box`, holds as many), creating one on `ch` when none has room. nullptr
-// with errno set when no CQ can be made.
-Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* c, ibv_wc* box);
+// `box`, holds as many), creating one on `ch` when none has room; `*slot`
+// is its place in the group, which the calls below take (no search per
+// poll). nullptr with errno set when no CQ can be made.
+Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* c, ibv_wc* box,
+            uint32_t* slot);
 ibv_cq* cq(const Group* g);
 // `c`'s QP has this number now (completions are filed by it).
-void set_qp(Group* g, const Connection* c, uint32_t qp_num);
+void set_qp(Group* g, uint32_t slot, uint32_t qp_num);
 // `c` leaves: destroys its QP `qp` (if any) under the group's lock, drops
 // what that QP left in the CQ, files others'; nothing reaches `c` after this.
-void leave(Group* g, const Connection* c, ibv_qp* qp);
+void leave(Group* g, uint32_t slot, ibv_qp* qp);
 // Up to `max` of `c`'s completions, oldest first; drains the CQ when its box
 // is empty. A box still holding some afterwards marks `c`
 // (cq_event_pending) so that its owner comes back for them.
 // `tell_self`: if the CQ held some of `c`'s, its callback runs too (as
 // for the other members), for a caller that announces nothing itself.
-int poll(Group* g, Connection* c, ibv_wc* out, int max, bool tell_self);
+int poll(Group* g, uint32_t slot, ibv_wc* out, int max, bool tell_self);
 // The completion hub read the group's event: re-arms, drains, notifies.
 void on_event(Group* g);
 constexpr uint64_t kIdleNs = 5'000'000'000;
 // Destroys the CQs of groups without members for kIdleNs (all of them
 // with `all`). Cheap when there is none.
 void trim(uint64_t now_ns, bool all = false);
-// How many groups hold a CQ now, and members now (the exit summary, tests).
+// How many groups hold a CQ now (the exit summary, tests).
 uint32_t groups();
-uint32_t members();
 // In a fork child: the groups are the parent's; forget them.
 void after_fork_child();
 

@@ -9,6 +9,7 @@
 #include <new>
 
 #include "transport/pinned.h"
+#include "util/clock.h"
 
 namespace rsock::transport::kit_pool {
 
@@ -56,7 +57,8 @@ bool give(const Kit& k, uint32_t max_idle) {
   std::lock_guard lk(g_mu);
   if (g_n >= std::min<int>(kMaxIdle, static_cast<int>(max_idle)) || !fits_locked(k.pinned))
     return false;
-  g_kits[g_n++] = k;
+  g_kits[g_n] = k;
+  g_kits[g_n++].idle_since_ns = rsock::now_ns();
   g_pinned += k.pinned;
   g_idle.store(g_n, std::memory_order_relaxed);
   return true;

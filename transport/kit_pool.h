@@ -66,8 +66,8 @@ struct Kit {
 // Moves a kit matching these into `out`; false if none.
 bool take(ibv_context* ctx, uint32_t ring_bytes, uint32_t sq_depth, uint32_t recv_slots,
           Kit* out);
-// Keeps `k` (its QP destroyed, its connection out of its CQ group, idle_since_ns
-// set) if the pool has room for it within `max_idle` kits; false: the
+// Keeps `k` (its QP destroyed, its connection out of its CQ group), idle
+// from now, if the pool has room for it within `max_idle` kits; false: the
 // caller destroys it.
 bool give(const Kit& k, uint32_t max_idle);
 // Releases every resource of `k`, whether it was pooled or not.
