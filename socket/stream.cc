@@ -711,6 +711,17 @@ bool Stream::advance_revert() {
         finish_revert_peer_gone("EOF");
         return true;
       case RecordIo::kBroken:
+        // A reset before any byte of the peer's record, after its FIN came
+        // on RDMA: the peer had finished and closed its socket while our
+        // record (written at our exit, say) sat unread in it, so its kernel
+        // answered with a reset instead of the FIN it would have sent. The
+        // reset is our record's doing: end as TCP would have, at EOF
+        // (footprint.many saw this warning at the server's exit).
+        if (down_in_got_ == 0 && errno == ECONNRESET && conn_->fin_received()) {
+          tcp_eof_ = true;
+          finish_revert_peer_gone("reset after its FIN");
+          return true;
+        }
         break_connection(ECONNRESET, "TCP failed inside the peer's reverse switch record");
         return true;
     }
@@ -1096,6 +1107,19 @@ void Stream::debug_fail_path() {
 
 void Stream::start_hand_off(bool at_exit, stats::FallbackReason why) {
   std::lock_guard lk(mu_);
+  // At exit, a connection whose FINs crossed on RDMA and whose bytes the
+  // peer all consumed (a closed one lingering until its RDMA close ends, a
+  // server exiting right after its last client left) has nothing to hand
+  // off. Its record would also reach a peer that may have closed its TCP
+  // socket meanwhile: the peer's kernel answers with a reset, which broke
+  // the peer's end of our own switch back and was logged as a warning
+  // (footprint.many, one run in three). Our exit closes the socket with a
+  // FIN, and the peer sees our QP go with both directions over: a quiet
+  // release (Stream::advance_locked).
+  if (at_exit && phase() == Phase::kRdma && conn_ && conn_->finished_both_ways()) {
+    LOG_DEBUG("fd %d: on RDMA at exit with both directions over: no switch back", tcp_fd_);
+    return;
+  }
   (void)revert_locked(RevertMode::kHandOff, why, !at_exit);
 }
 

@@ -258,6 +258,9 @@ class Stream {
   void adopt_passed(holders::Slot* h);
   // The nonblocking first half of hand_off(). at_exit: the process is
   // exiting (no fallback counted, logged at debug level only).
+  // A connection on RDMA whose both directions are over
+  // (Connection::finished_both_ways) is left as it is at exit: a switch
+  // back would move nothing.
   void start_hand_off(bool at_exit = false,
                       stats::FallbackReason why = stats::FallbackReason::kHandedOff);
   // --- fork (docs/DESIGN.md, "Upgrading again in the new owner"). Under the

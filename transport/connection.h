@@ -175,6 +175,8 @@ class Connection {
   size_t readable() const;
   size_t writable() const;
   bool eof() const { return fin_received_ && rx_.readable() == 0; }
+  // The peer's FIN came (its bytes before it may be unread still).
+  bool fin_received() const { return fin_received_; }
   // Our FIN went after the peer's had arrived: we closed second (like a
   // kernel socket leaving CLOSE_WAIT).
   bool fin_after_peer() const { return fin_after_peer_; }
