@@ -38,6 +38,7 @@ const KeySpec kKeys[] = {
     {"reupgrade", KeyKind::kBool, nullptr, &Tunables::reupgrade},
     {"stats", KeyKind::kBool, nullptr, &Tunables::stats},
     {"debug_checks", KeyKind::kBool, nullptr, &Tunables::debug_checks},
+    {"kit_qp_ahead", KeyKind::kBool, nullptr, &Tunables::kit_qp_ahead},
     {"log_level", KeyKind::kLogLevel},
     {"log_file", KeyKind::kLogFile},
     {"default", KeyKind::kDefault},

@@ -45,7 +45,7 @@ struct Tunables {
   uint32_t slow_path_ratio = 8;
   uint32_t send_queue_depth = 128;    // send WRs per QP (data chunks, credits, control)
   uint32_t recv_slots = 64;           // receive WRs per QP; announced to the peer (4..1024)
-  // Closed connections' verbs resources (PD, CQ, QP, registered rings) kept
+  // Closed connections' verbs resources (PD, registered rings) kept
   // for the next connections, at most this many per process
   // (transport/kit_pool.h); 0 = destroy them at close.
   uint32_t kit_pool = 16;
@@ -65,6 +65,10 @@ struct Tunables {
   // because its peer switched back, tries RDMA again (docs/DESIGN.md,
   // "Upgrading again"). Off: it stays on TCP, as before.
   bool reupgrade = true;
+  // Closed connections' kept kits (kit_pool above) get their next QP made
+  // ahead by the progress thread, off the next connection's setup path
+  // (transport/kit_pool.h, warm).
+  bool kit_qp_ahead = true;
   // Observability -------------------------------------------------------------
   bool stats = true;                  // publish counters for rsock-stat
   // Internal invariants checked at run time (abort with a message when one

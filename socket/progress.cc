@@ -1100,6 +1100,10 @@ void* thread_main(void*) {
     // Closed connections' kits unused for a while give their pinned memory
     // back (transport/kit_pool.h); outside g_mu, as they are verbs calls.
     transport::kit_pool::trim(now_ns());
+    // Kept kits get their next QP (two per tick: one costs up to about
+    // 0.9 ms on rxe), so that the connections that take them skip it.
+    if (const auto& t = process_config().tunables; t.kit_qp_ahead)
+      transport::kit_pool::warm(transport::Connection::inline_wanted(t), 2);
     transport::cq_group::trim(now_ns());  // (CQs of groups left empty, likewise)
     publish_resources();
     awake.unlock();
@@ -1781,14 +1785,17 @@ void log_exit_summary() {
                              (unsigned long long)n));
   }
   // kits_reused: connections whose verbs resources were a closed one's
-  // (transport/kit_pool.h); cqs: the shared CQs held (transport/cq_group.h).
+  // (transport/kit_pool.h); qps_ahead: of those, the ones whose QP was made
+  // ahead while the kit was kept (kit_pool::warm); cqs: the shared CQs held
+  // (transport/cq_group.h).
   LOG_INFO("summary: connections=%llu upgraded=%llu fallbacks=%llu rdma_tx=%llu rdma_rx=%llu "
-           "tcp_tx=%llu tcp_rx=%llu kits_reused=%llu cqs=%u (bytes: closed connections and live"
-           " upgraded ones; fallbacks:%s)",
+           "tcp_tx=%llu tcp_rx=%llu kits_reused=%llu qps_ahead=%llu cqs=%u (bytes: closed "
+           "connections and live upgraded ones; fallbacks:%s)",
            (unsigned long long)pc->conns_seen.load(), (unsigned long long)pc->conns_upgraded.load(),
            (unsigned long long)fallbacks, (unsigned long long)tx[kRdma],
            (unsigned long long)rx[kRdma], (unsigned long long)tx[kTcp], (unsigned long long)rx[kTcp],
-           (unsigned long long)transport::kit_pool::reused(), transport::cq_group::groups(),
+           (unsigned long long)transport::kit_pool::reused(),
+           (unsigned long long)transport::kit_pool::qps_ahead(), transport::cq_group::groups(),
            off ? why : " none");
 }
 

@@ -201,10 +201,24 @@ Status<void> Connection::create_resources() {
   // A shared CQ (cq_group.h): no CQ, no mapping and no re-arm of our own.
   cq_box_.reset(new (std::nothrow) ibv_wc[cq_slots()]);
   if (!cq_box_) return Err(ENOMEM);
-  grp_ = cq_group::join(ctx, comp_ch_, cq_slots(), this, cq_box_.get(), &grp_slot_);
-  if (grp_ == nullptr) return Err(errno ? errno : ENOMEM);
-  if (auto s = create_qp(); !s) return s;
-  cq_group::set_qp(grp_, grp_slot_, qp_->qp_num);
+  if (kit_.qp && kit_.qp_inline_wanted == inline_wanted(tun_)) {
+    // The kept kit's QP made ahead (kit_pool::warm), with its place in a
+    // CQ group: ours as they are.
+    qp_ = std::exchange(kit_.qp, nullptr);
+    grp_ = std::exchange(kit_.grp, nullptr);
+    grp_slot_ = kit_.grp_slot;
+    max_inline_ = kit_.qp_inline;
+    cq_group::adopt(grp_, grp_slot_, this, cq_box_.get());
+    qp_ahead_ = true;
+    kit_pool::took_qp_ahead();
+  } else {
+    kit_pool::drop_qp(&kit_);  // (one made for another inline size)
+    grp_ = cq_group::join(ctx, comp_ch_, cq_slots(), this, cq_box_.get(), &grp_slot_);
+    if (grp_ == nullptr) return Err(errno ? errno : ENOMEM);
+    qp_ = kit_pool::new_qp(kit_, cq_group::cq(grp_), inline_wanted(tun_), &max_inline_);
+    if (qp_ == nullptr) return Err(errno ? errno : ENOMEM);
+    cq_group::set_qp(grp_, grp_slot_, qp_->qp_num);
+  }
   // Receives can be posted from INIT on.
   if (auto s = qp_to(IBV_QPS_INIT); !s) return s;
   sig_cover_.assign(sq_depth_, 0);
@@ -267,26 +281,8 @@ Status<void> Connection::make_kit(ibv_context* ctx) {
   return Ok();
 }
 
-Status<void> Connection::create_qp() {
-  ibv_qp_init_attr qa{};
-  qa.send_cq = cq_group::cq(grp_);
-  qa.recv_cq = cq_group::cq(grp_);
-  qa.qp_type = IBV_QPT_RC;
-  qa.sq_sig_all = 0;  // selective signalling (signal_next)
-  qa.cap.max_send_wr = sq_depth_;
-  qa.cap.max_recv_wr = recv_slots_;
-  qa.cap.max_send_sge = 1;
-  qa.cap.max_recv_sge = 1;
-  qa.cap.max_inline_data = std::max<uint32_t>(tun_.inline_threshold, wire::kMaxControlBytes);
-  qp_ = ibv_create_qp(kit_.pd, &qa);
-  if (qp_ == nullptr) {
-    // Some devices cap inline data lower: retry without it (copies from the ring).
-    qa.cap.max_inline_data = 0;
-    qp_ = ibv_create_qp(kit_.pd, &qa);
-    if (qp_ == nullptr) return Err(errno ? errno : ENOMEM);
-  }
-  max_inline_ = qa.cap.max_inline_data;
-  return Ok();
+uint32_t Connection::inline_wanted(const config::Tunables& tun) {
+  return std::max<uint32_t>(tun.inline_threshold, wire::kMaxControlBytes);
 }
 
 // Whether a closing connection's kit (its QP already destroyed) can serve

@@ -264,6 +264,11 @@ class Connection {
   std::pair<uint64_t, uint32_t> debug_peer_ring() const { return {peer_.ring_addr, peer_.ring_rkey}; }
   // The resources came from a closed connection (kit_pool.h).
   bool reused_kit() const { return from_pool_; }
+  // Its QP was made ahead, while its kit was kept (kit_pool::warm).
+  bool qp_made_ahead() const { return qp_ahead_; }
+  // The inline data size a connection asks its QP for under `tun`
+  // (kit_pool::warm makes QPs ahead with it).
+  static uint32_t inline_wanted(const config::Tunables& tun);
   // The wire version this connection runs (negotiated at setup).
   uint8_t wire_version() const { return peer_.wire_version; }
   // Tests only (a hostile peer): posts one message outside every rule of the
@@ -295,7 +300,6 @@ class Connection {
   void wait_fds(pollfd* out, int* n) const;
   Status<void> create_resources();
   Status<void> make_kit(ibv_context* ctx);
-  Status<void> create_qp();
   static bool kit_reusable(const kit_pool::Kit& k);
   void destroy_resources();
   void fill_setup(wire::SetupBlock* b, wire::SetupKind kind,
@@ -307,7 +311,7 @@ class Connection {
   void fail(int err);
   void disconnect();
   void check_timers(uint64_t now);
-  uint32_t cq_slots() const { return sq_depth_ + recv_slots_ + 1; }  // our share of the shared CQ
+  uint32_t cq_slots() const { return cq_group::slots_for(sq_depth_, recv_slots_); }  // our share of the shared CQ
   // connection_datapath.cc: hot path
   // True if any completion was handled. `tell_self`: our completion
   // callback runs if the CQ held some of ours (cq_group.h), for the polls
@@ -381,7 +385,8 @@ class Connection {
   uint32_t sq_depth_ = 0;
   uint32_t recv_slots_ = 0;
   uint32_t max_inline_ = 0;
-  bool from_pool_ = false;  // the resources are a closed connection's (kit_pool.h)
+  bool from_pool_ = false;
+  bool qp_ahead_ = false;  // ... and its QP was made ahead (kit_pool::warm)  // the resources are a closed connection's (kit_pool.h)
   uint32_t sq_outstanding_ = 0;  // posted send WRs not known complete
   uint64_t sq_seq_ = 0;
   // Most send WRs are posted unsignalled: a signalled one's completion

@@ -17,7 +17,11 @@ namespace rsock::transport::cq_group {
 
 namespace {
 struct Member {
-  Connection* c = nullptr;  // nullptr: free
+  bool used = false;
+  // nullptr while a kept kit holds the place for the QP it made ahead
+  // (kit_pool::warm): that QP is in RESET, so none of its completions can
+  // come; one that did would find no box and be dropped (find).
+  Connection* c = nullptr;
   uint32_t qp_num = 0;      // 0 until set_qp
   uint32_t slots = 0;
   ibv_wc* box = nullptr;  // ring of `slots`
@@ -170,8 +174,8 @@ Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* 
   std::lock_guard gl(g->mu);
   for (uint32_t i = 0; i < g->cap; ++i) {
     Member& m = g->m[i];
-    if (m.c != nullptr) continue;
-    m = Member{c, 0, slots, box, 0, 0};
+    if (m.used) continue;
+    m = Member{true, c, 0, slots, box, 0, 0};
     if (g->n++ == 0 && g->empty_since_ns != 0) {
       g->empty_since_ns = 0;
       g_empty.fetch_sub(1, std::memory_order_relaxed);
@@ -185,6 +189,14 @@ Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* 
 }
 
 ibv_cq* cq(const Group* g) { return g->cq; }
+
+void adopt(Group* g, uint32_t slot, Connection* c, ibv_wc* box) {
+  std::lock_guard gl(g->mu);
+  Member& m = g->m[slot];
+  m.c = c;
+  m.box = box;
+  m.head = m.count = 0;
+}
 
 void set_qp(Group* g, uint32_t slot, uint32_t qp_num) {
   std::lock_guard gl(g->mu);

@@ -68,12 +68,22 @@ struct Group;
 // The most members a group takes (the size of the last groups).
 constexpr uint32_t kMaxMembers = 64;
 
+// What a connection reserves: every WR it can have posted (send queue and
+// receive slots), plus one.
+constexpr uint32_t slots_for(uint32_t sq_depth, uint32_t recv_slots) {
+  return sq_depth + recv_slots + 1;
+}
 // Joins `c` to a group of `ctx` with `slots` completions of room (its box,
 // `box`, holds as many), creating one on `ch` when none has room; `*slot`
 // is its place in the group, which the calls below take (no search per
 // poll). nullptr with errno set when no CQ can be made.
+// `c` and `box` may be null: a kept kit holds the place for the QP it made
+// ahead (kit_pool::warm), which posts nothing until a connection adopts it.
 Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* c, ibv_wc* box,
             uint32_t* slot);
+// The connection `c`, with its box `box` (as deep as the place's slots),
+// takes over a place a kit held (join with no connection).
+void adopt(Group* g, uint32_t slot, Connection* c, ibv_wc* box);
 ibv_cq* cq(const Group* g);
 // `c`'s QP has this number now (completions are filed by it).
 void set_qp(Group* g, uint32_t slot, uint32_t qp_num);

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <new>
 
+#include "transport/cq_group.h"
+#include "transport/cq_hub.h"
 #include "transport/pinned.h"
 #include "util/clock.h"
 
@@ -23,6 +25,7 @@ int g_n = 0;
 uint64_t g_pinned = 0;  // pinned bytes the pooled kits hold
 std::atomic<int> g_idle{0};
 std::atomic<uint64_t> g_reused{0};
+std::atomic<uint64_t> g_qps_ahead{0};
 
 // Under a finite budget the pool holds at most an eighth of it.
 bool fits_locked(uint64_t bytes) {
@@ -58,13 +61,22 @@ bool give(const Kit& k, uint32_t max_idle) {
   if (g_n >= std::min<int>(kMaxIdle, static_cast<int>(max_idle)) || !fits_locked(k.pinned))
     return false;
   g_kits[g_n] = k;
+  g_kits[g_n].warmed = false;  // (it served a connection: worth a QP again)
   g_kits[g_n++].idle_since_ns = rsock::now_ns();
   g_pinned += k.pinned;
   g_idle.store(g_n, std::memory_order_relaxed);
   return true;
 }
 
+void drop_qp(Kit* k) {
+  if (k->qp == nullptr) return;
+  cq_group::leave(k->grp, k->grp_slot, k->qp);  // destroys it under the group's lock
+  k->qp = nullptr;
+  k->grp = nullptr;
+}
+
 void destroy(Kit* k) {
+  drop_qp(k);  // before its PD
   for (ibv_mr* mr : {k->rx_mr, k->tx_mr, k->rbuf_mr})
     if (mr) ibv_dereg_mr(mr);
   if (k->pd) ibv_dealloc_pd(k->pd);
@@ -96,8 +108,91 @@ void trim(uint64_t now_ns, bool all) {
   }
 }
 
+ibv_qp* new_qp(const Kit& k, ibv_cq* cq, uint32_t inline_wanted, uint32_t* inline_got) {
+  ibv_qp_init_attr qa{};
+  qa.send_cq = cq;
+  qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.sq_sig_all = 0;  // selective signalling (Connection::signal_next)
+  qa.cap.max_send_wr = k.sq_depth;
+  qa.cap.max_recv_wr = k.recv_slots;
+  qa.cap.max_send_sge = 1;
+  qa.cap.max_recv_sge = 1;
+  qa.cap.max_inline_data = inline_wanted;
+  ibv_qp* qp = ibv_create_qp(k.pd, &qa);
+  if (qp == nullptr) {
+    // Some devices cap inline data lower: without it (copies from the ring).
+    qa.cap.max_inline_data = 0;
+    qp = ibv_create_qp(k.pd, &qa);
+    if (qp == nullptr) return nullptr;
+  }
+  *inline_got = qa.cap.max_inline_data;
+  return qp;
+}
+
+namespace {
+// Outside the pool's lock: a QP for `k` on a place in a CQ group of its
+// context. False (nothing held) if either cannot be had.
+bool make_qp_ahead(Kit* k, uint32_t inline_wanted) {
+  ibv_comp_channel* ch = cq_hub::channel(k->ctx);
+  if (ch == nullptr) return false;
+  uint32_t slot = 0;
+  cq_group::Group* g = cq_group::join(k->ctx, ch, cq_group::slots_for(k->sq_depth, k->recv_slots),
+                                      nullptr, nullptr, &slot);
+  if (g == nullptr) return false;
+  uint32_t got = 0;
+  ibv_qp* qp = new_qp(*k, cq_group::cq(g), inline_wanted, &got);
+  if (qp == nullptr) {
+    cq_group::leave(g, slot, nullptr);
+    return false;
+  }
+  cq_group::set_qp(g, slot, qp->qp_num);
+  k->qp = qp;
+  k->grp = g;
+  k->grp_slot = slot;
+  k->qp_inline_wanted = inline_wanted;
+  k->qp_inline = got;
+  return true;
+}
+}  // namespace
+
+int warm(uint32_t inline_wanted, int max) {
+  int made = 0;
+  while (made < max && g_idle.load(std::memory_order_relaxed) != 0) {
+    Kit k;
+    {
+      std::lock_guard lk(g_mu);
+      int i = 0;
+      while (i < g_n && g_kits[i].warmed) i++;
+      if (i == g_n) return made;
+      k = g_kits[i];
+      g_pinned -= k.pinned;
+      g_kits[i] = g_kits[--g_n];
+      g_kits[g_n] = Kit{};
+      g_idle.store(g_n, std::memory_order_relaxed);
+    }
+    // (Out of the pool meanwhile: a connection that looks now makes a kit,
+    // as it would with the pool empty.)
+    k.warmed = true;
+    if (make_qp_ahead(&k, inline_wanted)) made++;
+    {
+      std::lock_guard lk(g_mu);
+      if (g_n < kMaxIdle && fits_locked(k.pinned)) {
+        g_kits[g_n++] = k;  // (its idle time goes on from when it was kept)
+        g_pinned += k.pinned;
+        g_idle.store(g_n, std::memory_order_relaxed);
+        continue;
+      }
+    }
+    destroy(&k);  // others were kept meanwhile: no room
+  }
+  return made;
+}
+
 int idle() { return g_idle.load(std::memory_order_relaxed); }
 uint64_t reused() { return g_reused.load(std::memory_order_relaxed); }
+void took_qp_ahead() { g_qps_ahead.fetch_add(1, std::memory_order_relaxed); }
+uint64_t qps_ahead() { return g_qps_ahead.load(std::memory_order_relaxed); }
 
 void after_fork_child() {
   // The parent's kits: their contexts, CQs and QPs are not the child's to
@@ -111,6 +206,7 @@ void after_fork_child() {
   g_pinned = 0;
   g_idle.store(0, std::memory_order_relaxed);
   g_reused.store(0, std::memory_order_relaxed);  // the child's own count
+  g_qps_ahead.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace rsock::transport::kit_pool

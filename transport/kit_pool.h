@@ -11,7 +11,11 @@
 // pool, a benchmark) paid that per connection on both ends. A closing
 // connection now destroys only its QP, leaves its CQ group and leaves the
 // rest here; the next connection on the same device context with the same sizes
-// takes it and creates only a QP.
+// takes it and creates only a QP, or not even that: the progress thread's
+// tick gives a kept kit a fresh QP ahead of time (warm()), which the next
+// connection takes as it is (RESET state, never connected, a new number),
+// so the QP's creation (740-860 us per end on rxe, measured in the churn
+// benchmark's setups) leaves the connection's setup path.
 //
 // Why not the QP too: a QP number that served a connection must not serve
 // the same peer again before the IB CM's timewait for it ends (0.5 s and
@@ -40,6 +44,11 @@ struct ibv_context;
 struct ibv_pd;
 struct ibv_cq;
 struct ibv_mr;
+struct ibv_qp;
+
+namespace rsock::transport::cq_group {
+struct Group;
+}
 
 namespace rsock::transport::kit_pool {
 
@@ -61,7 +70,25 @@ struct Kit {
   uint64_t pinned = 0;        // taken from pinned::reserve
   bool maps = false;          // holds pinned::take_maps()
   uint64_t idle_since_ns = 0;
+  // Made ahead by warm() while kept: a fresh RC QP on this kit's PD, in
+  // RESET, never connected, with the inline size asked for
+  // (qp_inline_wanted) and got (qp_inline); its completions go to a place
+  // the kit holds in a CQ group (`grp`, `grp_slot`), which the connection
+  // that takes the QP adopts (cq_group::adopt).
+  ibv_qp* qp = nullptr;
+  cq_group::Group* grp = nullptr;
+  uint32_t grp_slot = 0;
+  uint32_t qp_inline_wanted = 0, qp_inline = 0;
+  bool warmed = false;  // warm() tried it since it was kept (a failure is not retried)
 };
+
+// A new RC QP on the kit's PD with `cq` for both queues, sized for the
+// kit's queues, with inline data of `inline_wanted` bytes if the device
+// allows (else none: `*inline_got` says what it got). Null with errno set
+// on failure.
+ibv_qp* new_qp(const Kit& k, ibv_cq* cq, uint32_t inline_wanted, uint32_t* inline_got);
+// Destroys a QP made ahead (and gives its CQ group place back), if `k` has one.
+void drop_qp(Kit* k);
 
 // Moves a kit matching these into `out`; false if none.
 bool take(ibv_context* ctx, uint32_t ring_bytes, uint32_t sq_depth, uint32_t recv_slots,
@@ -74,10 +101,19 @@ bool give(const Kit& k, uint32_t max_idle);
 void destroy(Kit* k);
 // Destroys kits idle for kIdleNs (all of them with `all`). Cheap when empty.
 void trim(uint64_t now_ns, bool all = false);
+// Gives up to `max` kept kits that were not tried yet a QP made ahead
+// (new_qp with `inline_wanted`, on a place in a CQ group of the kit's
+// context), outside the pool's lock; a kit is out of the pool while its QP
+// is made. Cheap when the pool is empty. Returns how many QPs were made.
+int warm(uint32_t inline_wanted, int max);
 // Kits in the pool now, and kits taken from it since the process (image or
 // fork child) started (for rsock-stat and tests).
 int idle();
 uint64_t reused();
+// QPs made ahead that connections took (Connection::create_resources counts
+// them with took_qp_ahead), since the process (image or fork child) started.
+void took_qp_ahead();
+uint64_t qps_ahead();
 // In a fork child: the kits are the parent's; forget them unreleased.
 void after_fork_child();
 

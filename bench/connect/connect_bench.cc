@@ -15,14 +15,18 @@
 //       connection cost from background work left by earlier ones. Prints
 //       "connect_us n=N median=.. p99=.. avg=.. min=.. max=.." (microseconds),
 //       then the same for the connect() call alone ("connect_call_us ...").
-//   rsock_connect_bench upgrade ADDR PORT N [WARMUP]
+//   rsock_connect_bench upgrade ADDR PORT N [WARMUP [GAP_MS [PACE_US]]]
 //       connection churn onto RDMA: N sequential connections, each pinging
 //       1 byte back and forth until librsock reports it on RDMA
 //       (getsockopt SOL_RSOCK RSOCK_TRANSPORT; run with upgrade_delay_ms 0),
 //       then closed. Prints "upgrade_us n=.. median=.." (connect() to on
 //       RDMA) and "upgrade_cpu_us per_conn=.." (this process's CPU per
 //       connection, progress thread included). Exits 1 if a connection is
-//       not on RDMA within 5 s.
+//       not on RDMA within 5 s. GAP_MS (default 0): an untimed pause after
+//       each close; PACE_US (default 0): a pause between pings. Without
+//       them the pinging keeps the CPUs busy, so that the setup's own work
+//       competes with it: work moved off the setup's path (to another
+//       thread) then shows no gain on a 2-vCPU guest.
 //   rsock_connect_bench pingpong ADDR PORT SIZE SECS [WARMUP_SECS]
 //       one connection, SIZE-byte messages echoed back, SECS seconds measured
 //       after WARMUP_SECS (default 1: librsock upgrades in the background).
@@ -199,7 +203,7 @@ int client(const char* addr, int port, int n, int warmup, int gap_ms) {
 
 double cpu_secs();
 
-int upgrade(const char* addr, int port, int n, int warmup) {
+int upgrade(const char* addr, int port, int n, int warmup, int gap_ms, int pace_us) {
   sockaddr_in a;
   if (!make_addr(addr, port, &a) || n <= 0 || warmup < 0) {
     fprintf(stderr, "rsock_connect_bench: bad arguments\n");
@@ -228,6 +232,7 @@ int upgrade(const char* addr, int port, int n, int warmup) {
         return 1;
       }
       if (t == RSOCK_TRANSPORT_RDMA) break;
+      if (pace_us > 0) usleep(useconds_t(pace_us));
       if (secs_since(t0) > 5) {
         fprintf(stderr, "rsock_connect_bench: connection %d not on RDMA after 5 s (transport %d)\n",
                 i, t);
@@ -237,6 +242,9 @@ int upgrade(const char* addr, int port, int n, int warmup) {
     double dt = secs_since(t0) * 1e6;
     close(c);
     if (i >= warmup) us.push_back(dt);
+    // (Untimed; the CPU any thread uses meanwhile, work done in the
+    // background for the next connection, still counts.)
+    if (gap_ms > 0) usleep(useconds_t(gap_ms) * 1000);
   }
   double cpu = cpu_secs() - cpu0;
   printf("upgrade_us ");
@@ -351,8 +359,9 @@ int main(int argc, char** argv) {
   if (argc >= 5 && argc <= 7 && !strcmp(argv[1], "client"))
     return client(argv[2], atoi(argv[3]), atoi(argv[4]), argc >= 6 ? atoi(argv[5]) : 5,
                   argc == 7 ? atoi(argv[6]) : 0);
-  if ((argc == 5 || argc == 6) && !strcmp(argv[1], "upgrade"))
-    return upgrade(argv[2], atoi(argv[3]), atoi(argv[4]), argc == 6 ? atoi(argv[5]) : 5);
+  if (argc >= 5 && argc <= 8 && !strcmp(argv[1], "upgrade"))
+    return upgrade(argv[2], atoi(argv[3]), atoi(argv[4]), argc >= 6 ? atoi(argv[5]) : 5,
+                   argc >= 7 ? atoi(argv[6]) : 0, argc >= 8 ? atoi(argv[7]) : 0);
   if ((argc == 6 || argc == 7) && !strcmp(argv[1], "pingpong"))
     return pingpong(argv[2], atoi(argv[3]), size_t(atol(argv[4])), atof(argv[5]),
                     argc == 7 ? atof(argv[6]) : 1.0);
@@ -362,7 +371,7 @@ int main(int argc, char** argv) {
   fprintf(stderr,
           "usage: rsock_connect_bench server ADDR PORT\n"
           "       rsock_connect_bench client ADDR PORT N [WARMUP [GAP_MS]]\n"
-          "       rsock_connect_bench upgrade ADDR PORT N [WARMUP]\n"
+          "       rsock_connect_bench upgrade ADDR PORT N [WARMUP [GAP_MS [PACE_US]]]\n"
           "       rsock_connect_bench pingpong ADDR PORT SIZE SECS [WARMUP_SECS]\n"
           "       rsock_connect_bench stream ADDR PORT SIZE SECS [WARMUP_SECS]\n");
   return 2;

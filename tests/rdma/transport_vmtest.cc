@@ -862,6 +862,29 @@ int foreign_rkey_case() {
 // attacker's connection, one that failed, serves c4 on both ends, and every
 // byte is checked. Before c4, both ends trim their emptied shared CQ, so
 // c4 also runs on a CQ made again for the same group.
+// QPs made ahead (kit_pool::warm, as the progress thread's tick does): c1's
+// kept kit gets one on both ends, which c2 takes (a fresh QP number all the
+// same); c4's kit was not warmed and c4 makes its QP itself. Once c4
+// closes, both kept kits (c2's, warmed once before, and c4's) get a QP
+// again; their places hold the CQ group until the kits are trimmed.
+// After c4 closed (kit_reuse_case): both kept kits get a QP made ahead;
+// their CQ group places keep its CQ through a CQ trim, and once the kits
+// are trimmed (their QPs destroyed, their places given back) it goes.
+int check_warm_again(const Tunables& tun) {
+  int made = rt::kit_pool::warm(rt::Connection::inline_wanted(tun), 16);
+  CHECK(made == 2, "warm made %d QPs for the two kept kits, want 2", made);
+  rt::cq_group::trim(0, /*all=*/true);
+  CHECK(rt::cq_group::groups() == 1 && count_cqs(getpid()) == 1,
+        "%u CQs (kernel: %d) with two kits holding QPs made ahead, want 1",
+        rt::cq_group::groups(), count_cqs(getpid()));
+  rt::kit_pool::trim(0, /*all=*/true);
+  rt::cq_group::trim(0, /*all=*/true);
+  CHECK(rt::cq_group::groups() == 0 && count_cqs(getpid()) == 0,
+        "%u CQs (kernel: %d) after trimming the kits, want 0", rt::cq_group::groups(),
+        count_cqs(getpid()));
+  return 0;
+}
+
 int kit_reuse_case() {
   Tunables tun = test_tunables();
   constexpr size_t kBytes = 1u << 20;
@@ -872,8 +895,12 @@ int kit_reuse_case() {
     expect_seeded_then_eof(*c1, kBytes, 31, "c1");
     c1.reset();  // orderly close: its kit goes to the pool
     CHECK(rt::kit_pool::idle() == 1, "%d kits pooled after c1's close, want 1", rt::kit_pool::idle());
+    int made = rt::kit_pool::warm(rt::Connection::inline_wanted(tun), 16);
+    CHECK(made == 1, "warm made %d QPs for the one kept kit", made);
     auto c2 = accept_one(l);
-    CHECK(c2->reused_kit(), "c2 made a new kit with c1's in the pool");
+    CHECK(c2->reused_kit() && c2->qp_made_ahead(),
+          "c2 did not take c1's kit with its QP made ahead (reused %d, ahead %d)",
+          int(c2->reused_kit()), int(c2->qp_made_ahead()));
     expect_attacker_gone(*a, 20);  // its write was refused
     expect_seeded_then_eof(*c2, kBytes, 32, "c2 (on c1's kit, attacked)");
     c2.reset();
@@ -884,8 +911,11 @@ int kit_reuse_case() {
     CHECK(rt::cq_group::groups() == 0, "%u CQs after trimming", rt::cq_group::groups());
     auto c4 = accept_one(l);
     CHECK(rt::cq_group::groups() == 1, "%u CQs for c4", rt::cq_group::groups());
-    CHECK(c4->reused_kit(), "c4 made a new kit with %d pooled", rt::kit_pool::idle());
+    CHECK(c4->reused_kit() && !c4->qp_made_ahead(), "c4: reused %d (%d pooled), QP ahead %d",
+          int(c4->reused_kit()), rt::kit_pool::idle(), int(c4->qp_made_ahead()));
     expect_seeded_then_eof(*c4, kBytes, 33, "c4");
+    c4.reset();
+    CHECK(check_warm_again(tun) == 0, "server");
     log_line("kit_reuse: server: c2 on c1's kit refused the foreign write, c4 on a reused kit "
              "(%llu reused)", (unsigned long long)rt::kit_pool::reused());
     return 0;
@@ -901,10 +931,12 @@ int kit_reuse_case() {
     const uint32_t qp1 = c1->qp_num();
     c1.reset();
     usleep(200'000);  // the server's c1 closes after its EOF reached us
+    int made = rt::kit_pool::warm(rt::Connection::inline_wanted(tun), 16);
+    CHECK(made == 1, "warm made %d QPs for the one kept kit", made);
     auto c2 = connect_to(port, tun);
-    CHECK(c2->reused_kit() && c2->qp_num() != qp1,
-          "c2 did not get c1's kit behind a new QP (reused %d, qp %u, c1's %u)",
-          int(c2->reused_kit()), c2->qp_num(), qp1);
+    CHECK(c2->reused_kit() && c2->qp_made_ahead() && c2->qp_num() != qp1,
+          "c2 did not get c1's kit behind a new QP made ahead (reused %d, ahead %d, qp %u, c1's %u)",
+          int(c2->reused_kit()), int(c2->qp_made_ahead()), c2->qp_num(), qp1);
     CHECK(c2->debug_peer_ring() == std::make_pair(ring, rkey),
           "c2's server ring is 0x%llx rkey 0x%x, c1's was 0x%llx rkey 0x%x: not the same kit",
           (unsigned long long)c2->debug_peer_ring().first, c2->debug_peer_ring().second,
@@ -922,11 +954,14 @@ int kit_reuse_case() {
     CHECK(rt::cq_group::groups() == 0 && count_cqs(getpid()) == 0, "%u CQs after trimming",
           rt::cq_group::groups());
     auto c4 = connect_to(port, tun);
-    CHECK(c4->reused_kit(), "c4 made a new kit with %d pooled", rt::kit_pool::idle());
+    CHECK(c4->reused_kit() && !c4->qp_made_ahead(), "c4: reused %d (%d pooled), QP ahead %d",
+          int(c4->reused_kit()), rt::kit_pool::idle(), int(c4->qp_made_ahead()));
     CHECK(c4->debug_peer_ring().second == rkey_a,
           "c4's server ring has rkey 0x%x, not the failed connection's 0x%x",
           c4->debug_peer_ring().second, rkey_a);
     send_seeded_and_close(*c4, kBytes, 33);
+    c4.reset();
+    CHECK(check_warm_again(tun) == 0, "client");
     log_line("kit_reuse: client: foreign write at the reused kit refused: %s; c4 on the failed "
              "connection's kit", ibv_wc_status_str(ibv_wc_status(wc)));
     return 0;
