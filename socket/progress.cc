@@ -1103,7 +1103,7 @@ void* thread_main(void*) {
     // Kept kits get their next QP (two per tick: one costs up to about
     // 0.9 ms on rxe), so that the connections that take them skip it.
     if (const auto& t = process_config().tunables; t.kit_qp_ahead)
-      transport::kit_pool::warm(transport::Connection::inline_wanted(t), 2);
+      transport::kit_pool::warm(transport::Connection::inline_wanted(t), 2, t.kit_pool);
     transport::cq_group::trim(now_ns());  // (CQs of groups left empty, likewise)
     publish_resources();
     awake.unlock();

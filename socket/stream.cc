@@ -716,8 +716,14 @@ bool Stream::advance_revert() {
         // record (written at our exit, say) sat unread in it, so its kernel
         // answered with a reset instead of the FIN it would have sent. The
         // reset is our record's doing: end as TCP would have, at EOF
-        // (footprint.many saw this warning at the server's exit).
-        if (down_in_got_ == 0 && errno == ECONNRESET && conn_->fin_received()) {
+        // (footprint.many saw this warning at the server's exit). Not if
+        // the peer closed abortively (its RESET control is queued: the
+        // application gets ECONNRESET, as over TCP), nor if our record
+        // asked it to send bytes again (a hand-off leaves unread ones in
+        // our ring to it): those are lost, which EOF would hide.
+        if (down_in_got_ == 0 && errno == ECONNRESET && conn_->fin_received() &&
+            down_out_.resume == rx_limit_ + conn_->rx_position() + conn_->readable() &&
+            !conn_->control_queued(uint8_t(wire::Control::kReset))) {
           tcp_eof_ = true;
           finish_revert_peer_gone("reset after its FIN");
           return true;
@@ -1116,7 +1122,8 @@ void Stream::start_hand_off(bool at_exit, stats::FallbackReason why) {
   // (footprint.many, one run in three). Our exit closes the socket with a
   // FIN, and the peer sees our QP go with both directions over: a quiet
   // release (Stream::advance_locked).
-  if (at_exit && phase() == Phase::kRdma && conn_ && conn_->finished_both_ways()) {
+  if (at_exit && phase() == Phase::kRdma && conn_ && conn_->finished_both_ways() &&
+      !held_pending()) {
     LOG_DEBUG("fd %d: on RDMA at exit with both directions over: no switch back", tcp_fd_);
     return;
   }

@@ -856,6 +856,7 @@ void Connection::destroy_resources() {
   }
   qp_ = nullptr;
   kit_pool::Kit k = std::exchange(kit_, kit_pool::Kit{});
+  kit_pool::drop_qp(&k);  // one made ahead we never took (setup failed before)
   if (tun_.kit_pool > 0 && kit_reusable(k) && kit_pool::give(k, tun_.kit_pool)) k = {};
   kit_pool::destroy(&k);
   comp_ch_ = nullptr;  // the hub's

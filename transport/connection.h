@@ -177,6 +177,9 @@ class Connection {
   bool eof() const { return fin_received_ && rx_.readable() == 0; }
   // The peer's FIN came (its bytes before it may be unread still).
   bool fin_received() const { return fin_received_; }
+  // Whether a control message of `type` has arrived and is still unread
+  // (polls the CQ first, as recv_control does; consumes nothing).
+  bool control_queued(uint8_t type);
   // Our FIN went after the peer's had arrived: we closed second (like a
   // kernel socket leaving CLOSE_WAIT).
   bool fin_after_peer() const { return fin_after_peer_; }
@@ -385,8 +388,8 @@ class Connection {
   uint32_t sq_depth_ = 0;
   uint32_t recv_slots_ = 0;
   uint32_t max_inline_ = 0;
-  bool from_pool_ = false;
-  bool qp_ahead_ = false;  // ... and its QP was made ahead (kit_pool::warm)  // the resources are a closed connection's (kit_pool.h)
+  bool from_pool_ = false;  // the resources are a closed connection's (kit_pool.h)
+  bool qp_ahead_ = false;   // ... and its QP was made ahead (kit_pool::warm)
   uint32_t sq_outstanding_ = 0;  // posted send WRs not known complete
   uint64_t sq_seq_ = 0;
   // Most send WRs are posted unsignalled: a signalled one's completion

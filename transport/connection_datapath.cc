@@ -490,6 +490,13 @@ Status<void> Connection::send_control(uint8_t type, std::span<const std::byte> d
   return Ok();
 }
 
+bool Connection::control_queued(uint8_t type) {
+  if (grp_ != nullptr && poll_cq(/*tell_self=*/true)) flush_pending();
+  for (const ControlMessage& m : controls_)
+    if (m.type == type) return true;
+  return false;
+}
+
 Status<ControlMessage> Connection::recv_control() {
   if (controls_.empty() && grp_ != nullptr && poll_cq(/*tell_self=*/true)) flush_pending();
   if (controls_.empty()) return state_ == State::kError ? Err(err_) : Err(EAGAIN);

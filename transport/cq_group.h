@@ -45,8 +45,9 @@
 // finds an empty group. A group without members for kIdleNs gives its CQ
 // back (trim, from the progress thread's tick: after a spike of 10,000
 // connections a server would otherwise keep about 160 CQs, some 300 MiB
-// of kernel memory on rxe), and the next join makes it a new one. A fork
-// child forgets them.
+// of kernel memory on rxe), and the next join makes it a new one. A kept
+// kit's QP made ahead holds a place (kit_pool.h), which keeps the group
+// from emptying until the kit is trimmed. A fork child forgets them.
 #pragma once
 
 #include <cstdint>

@@ -156,14 +156,14 @@ bool make_qp_ahead(Kit* k, uint32_t inline_wanted) {
 }
 }  // namespace
 
-int warm(uint32_t inline_wanted, int max) {
+int warm(uint32_t inline_wanted, int max, uint32_t max_idle) {
   int made = 0;
   while (made < max && g_idle.load(std::memory_order_relaxed) != 0) {
     Kit k;
     {
       std::lock_guard lk(g_mu);
       int i = 0;
-      while (i < g_n && g_kits[i].warmed) i++;
+      while (i < g_n && (g_kits[i].warmed || g_kits[i].qp)) i++;
       if (i == g_n) return made;
       k = g_kits[i];
       g_pinned -= k.pinned;
@@ -177,7 +177,7 @@ int warm(uint32_t inline_wanted, int max) {
     if (make_qp_ahead(&k, inline_wanted)) made++;
     {
       std::lock_guard lk(g_mu);
-      if (g_n < kMaxIdle && fits_locked(k.pinned)) {
+      if (g_n < std::min<int>(kMaxIdle, static_cast<int>(max_idle)) && fits_locked(k.pinned)) {
         g_kits[g_n++] = k;  // (its idle time goes on from when it was kept)
         g_pinned += k.pinned;
         g_idle.store(g_n, std::memory_order_relaxed);

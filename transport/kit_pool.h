@@ -104,8 +104,12 @@ void trim(uint64_t now_ns, bool all = false);
 // Gives up to `max` kept kits that were not tried yet a QP made ahead
 // (new_qp with `inline_wanted`, on a place in a CQ group of the kit's
 // context), outside the pool's lock; a kit is out of the pool while its QP
-// is made. Cheap when the pool is empty. Returns how many QPs were made.
-int warm(uint32_t inline_wanted, int max);
+// is made (a kit given back meanwhile may take its room: the pool keeps at
+// most `max_idle`, as give() does, and destroys the other). While a kit is
+// out, a connection that needs its pinned memory under a full budget
+// cannot have it (make_kit's trim): it stays on TCP (memlock), as when the
+// kit is in use. Cheap when the pool is empty. Returns how many QPs were made.
+int warm(uint32_t inline_wanted, int max, uint32_t max_idle = kMaxIdle);
 // Kits in the pool now, and kits taken from it since the process (image or
 // fork child) started (for rsock-stat and tests).
 int idle();

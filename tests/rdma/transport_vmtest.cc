@@ -850,23 +850,6 @@ int foreign_rkey_case() {
   return run_pair(server, client, tun, 120);
 }
 
-// ---------------------------------------------------------------- kit_reuse
-// Kits of closed connections serve the next ones (transport/kit_pool.h).
-// The client opens c1 and an attacker connection a; c1 streams and closes,
-// and on the server its kit (PD, registered rings) goes to the pool.
-// The client then opens c2, which must get that kit on the server: the
-// same receive ring and rkey, behind a new QP. The attacker then writes
-// through its own QP at the ring c1's server end had, with c1's rkey: c2's
-// ring now. The device must refuse it as for any other connection (the kit
-// kept its own PD), and c2's stream must arrive intact. Then the kit of the
-// attacker's connection, one that failed, serves c4 on both ends, and every
-// byte is checked. Before c4, both ends trim their emptied shared CQ, so
-// c4 also runs on a CQ made again for the same group.
-// QPs made ahead (kit_pool::warm, as the progress thread's tick does): c1's
-// kept kit gets one on both ends, which c2 takes (a fresh QP number all the
-// same); c4's kit was not warmed and c4 makes its QP itself. Once c4
-// closes, both kept kits (c2's, warmed once before, and c4's) get a QP
-// again; their places hold the CQ group until the kits are trimmed.
 // After c4 closed (kit_reuse_case): both kept kits get a QP made ahead;
 // their CQ group places keep its CQ through a CQ trim, and once the kits
 // are trimmed (their QPs destroyed, their places given back) it goes.
@@ -885,6 +868,23 @@ int check_warm_again(const Tunables& tun) {
   return 0;
 }
 
+// ---------------------------------------------------------------- kit_reuse
+// Kits of closed connections serve the next ones (transport/kit_pool.h).
+// The client opens c1 and an attacker connection a; c1 streams and closes,
+// and on the server its kit (PD, registered rings) goes to the pool.
+// The client then opens c2, which must get that kit on the server: the
+// same receive ring and rkey, behind a new QP. The attacker then writes
+// through its own QP at the ring c1's server end had, with c1's rkey: c2's
+// ring now. The device must refuse it as for any other connection (the kit
+// kept its own PD), and c2's stream must arrive intact. Then the kit of the
+// attacker's connection, one that failed, serves c4 on both ends, and every
+// byte is checked. Before c4, both ends trim their emptied shared CQ, so
+// c4 also runs on a CQ made again for the same group.
+// QPs made ahead (kit_pool::warm, as the progress thread's tick does): c1's
+// kept kit gets one on both ends, which c2 takes (a fresh QP number all the
+// same); c4's kit was not warmed and c4 makes its QP itself. Once c4
+// closes, both kept kits (c2's, warmed once before, and c4's) get a QP
+// again; their places hold the CQ group until the kits are trimmed.
 int kit_reuse_case() {
   Tunables tun = test_tunables();
   constexpr size_t kBytes = 1u << 20;
