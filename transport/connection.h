@@ -315,6 +315,8 @@ class Connection {
   void disconnect();
   void check_timers(uint64_t now);
   uint32_t cq_slots() const { return cq_group::slots_for(sq_depth_, recv_slots_); }  // our share of the shared CQ
+  // Polls our completions into the queue of control messages (and the rest).
+  void take_controls();
   // connection_datapath.cc: hot path
   // True if any completion was handled. `tell_self`: our completion
   // callback runs if the CQ held some of ours (cq_group.h), for the polls

@@ -490,15 +490,19 @@ Status<void> Connection::send_control(uint8_t type, std::span<const std::byte> d
   return Ok();
 }
 
-bool Connection::control_queued(uint8_t type) {
+void Connection::take_controls() {
   if (grp_ != nullptr && poll_cq(/*tell_self=*/true)) flush_pending();
+}
+
+bool Connection::control_queued(uint8_t type) {
+  take_controls();
   for (const ControlMessage& m : controls_)
     if (m.type == type) return true;
   return false;
 }
 
 Status<ControlMessage> Connection::recv_control() {
-  if (controls_.empty() && grp_ != nullptr && poll_cq(/*tell_self=*/true)) flush_pending();
+  if (controls_.empty()) take_controls();
   if (controls_.empty()) return state_ == State::kError ? Err(err_) : Err(EAGAIN);
   ControlMessage m = controls_.front();
   controls_.pop_front();

@@ -17,13 +17,12 @@ namespace rsock::transport::cq_group {
 
 namespace {
 struct Member {
-  bool used = false;
   // nullptr while a kept kit holds the place for the QP it made ahead
   // (kit_pool::warm): that QP is in RESET, so none of its completions can
   // come; one that did would find no box and be dropped (find).
   Connection* c = nullptr;
   uint32_t qp_num = 0;      // 0 until set_qp
-  uint32_t slots = 0;
+  uint32_t slots = 0;       // 0: the place is free (a member reserves at least 1)
   ibv_wc* box = nullptr;  // ring of `slots`
   uint32_t head = 0, count = 0;
 };
@@ -174,8 +173,8 @@ Group* join(ibv_context* ctx, ibv_comp_channel* ch, uint32_t slots, Connection* 
   std::lock_guard gl(g->mu);
   for (uint32_t i = 0; i < g->cap; ++i) {
     Member& m = g->m[i];
-    if (m.used) continue;
-    m = Member{true, c, 0, slots, box, 0, 0};
+    if (m.slots != 0) continue;
+    m = Member{c, 0, slots, box, 0, 0};
     if (g->n++ == 0 && g->empty_since_ns != 0) {
       g->empty_since_ns = 0;
       g_empty.fetch_sub(1, std::memory_order_relaxed);

@@ -33,6 +33,27 @@ bool fits_locked(uint64_t bytes) {
   return b == pinned::kUnlimited || g_pinned + bytes <= b / 8;
 }
 
+// Under g_mu: keeps `k` if there is room within `max_idle` kits and the
+// budget (give, and warm putting a kit back).
+bool keep_locked(const Kit& k, uint32_t max_idle) {
+  if (g_n >= std::min<int>(kMaxIdle, static_cast<int>(max_idle)) || !fits_locked(k.pinned))
+    return false;
+  g_kits[g_n++] = k;
+  g_pinned += k.pinned;
+  g_idle.store(g_n, std::memory_order_relaxed);
+  return true;
+}
+
+// Under g_mu: takes the kit at `i` out of the pool.
+Kit remove_locked(int i) {
+  Kit k = g_kits[i];
+  g_pinned -= k.pinned;
+  g_kits[i] = g_kits[--g_n];
+  g_kits[g_n] = Kit{};
+  g_idle.store(g_n, std::memory_order_relaxed);
+  return k;
+}
+
 }  // namespace
 
 bool take(ibv_context* ctx, uint32_t ring_bytes, uint32_t sq_depth, uint32_t recv_slots,
@@ -45,11 +66,7 @@ bool take(ibv_context* ctx, uint32_t ring_bytes, uint32_t sq_depth, uint32_t rec
     if (k.ctx != ctx || k.ring_bytes != ring_bytes || k.sq_depth != sq_depth ||
         k.recv_slots != recv_slots)
       continue;
-    *out = k;
-    g_pinned -= k.pinned;
-    g_kits[i] = g_kits[--g_n];
-    g_kits[g_n] = Kit{};
-    g_idle.store(g_n, std::memory_order_relaxed);
+    *out = remove_locked(i);
     g_reused.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
@@ -57,15 +74,11 @@ bool take(ibv_context* ctx, uint32_t ring_bytes, uint32_t sq_depth, uint32_t rec
 }
 
 bool give(const Kit& k, uint32_t max_idle) {
+  Kit kept = k;
+  kept.warmed = false;  // (it served a connection: worth a QP again)
+  kept.idle_since_ns = rsock::now_ns();
   std::lock_guard lk(g_mu);
-  if (g_n >= std::min<int>(kMaxIdle, static_cast<int>(max_idle)) || !fits_locked(k.pinned))
-    return false;
-  g_kits[g_n] = k;
-  g_kits[g_n].warmed = false;  // (it served a connection: worth a QP again)
-  g_kits[g_n++].idle_since_ns = rsock::now_ns();
-  g_pinned += k.pinned;
-  g_idle.store(g_n, std::memory_order_relaxed);
-  return true;
+  return keep_locked(kept, max_idle);
 }
 
 void drop_qp(Kit* k) {
@@ -98,11 +111,7 @@ void trim(uint64_t now_ns, bool all) {
       int i = 0;
       while (i < g_n && !all && now_ns - g_kits[i].idle_since_ns < kIdleNs) i++;
       if (i == g_n) return;
-      k = g_kits[i];
-      g_pinned -= k.pinned;
-      g_kits[i] = g_kits[--g_n];
-      g_kits[g_n] = Kit{};
-      g_idle.store(g_n, std::memory_order_relaxed);
+      k = remove_locked(i);
     }
     destroy(&k);
   }
@@ -165,11 +174,7 @@ int warm(uint32_t inline_wanted, int max, uint32_t max_idle) {
       int i = 0;
       while (i < g_n && (g_kits[i].warmed || g_kits[i].qp)) i++;
       if (i == g_n) return made;
-      k = g_kits[i];
-      g_pinned -= k.pinned;
-      g_kits[i] = g_kits[--g_n];
-      g_kits[g_n] = Kit{};
-      g_idle.store(g_n, std::memory_order_relaxed);
+      k = remove_locked(i);
     }
     // (Out of the pool meanwhile: a connection that looks now makes a kit,
     // as it would with the pool empty.)
@@ -177,12 +182,7 @@ int warm(uint32_t inline_wanted, int max, uint32_t max_idle) {
     if (make_qp_ahead(&k, inline_wanted)) made++;
     {
       std::lock_guard lk(g_mu);
-      if (g_n < std::min<int>(kMaxIdle, static_cast<int>(max_idle)) && fits_locked(k.pinned)) {
-        g_kits[g_n++] = k;  // (its idle time goes on from when it was kept)
-        g_pinned += k.pinned;
-        g_idle.store(g_n, std::memory_order_relaxed);
-        continue;
-      }
+      if (keep_locked(k, max_idle)) continue;  // (its idle time goes on from when it was kept)
     }
     destroy(&k);  // others were kept meanwhile: no room
   }
