@@ -9,11 +9,29 @@
 // (an interpreter: about 1 s in the TCG guest) would otherwise leave the
 // requests of the connections queued meanwhile without a listener, and
 // their clients would take this server for one without librsock.
+//
+// Connected TCP sockets inherited without a record of the previous image
+// (docs/DESIGN.md, "Connections inherited from a process without
+// librsock"): an inetd-style service whose acceptor does not run librsock
+// (inetd, systemd's Accept=yes, socat run plain with EXEC:...,nofork) gets
+// the accepted connection as stdin and stdout. Nothing on our side knows
+// it, so it is adopted here as an accepted connection, at the stream
+// positions the kernel counts for it.
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <linux/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
 
 #include "socket/fd_table.h"
 #include "socket/rendezvous.h"
@@ -25,19 +43,135 @@ namespace rsock::socket {
 
 namespace {
 
-// A TCP socket in the listening state: its domain, 0 otherwise. (The first
-// getsockopt fails with ENOTSOCK for a non-socket: one syscall per fd that
-// is not a listening socket.)
-int listening_tcp(int fd) {
-  int listening = 0;
-  socklen_t len = sizeof listening;
-  if (sys::libc.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening)
-    return 0;
-  return tracked_domain(fd);
+// The stream positions of an established connection that processes without
+// librsock used before us: the application bytes ever written to it (every
+// byte acknowledged plus those still in the send queue) and ever read from
+// it (every byte received but those still in the receive queue). False if
+// the kernel does not say (tcpi_bytes_acked and tcpi_bytes_received: Linux
+// 4.1 and 4.2), the connection is not ESTABLISHED (the peer's FIN counts as
+// a received byte and no switch follows it), or its counts kept changing
+// between our looks (eight tries: a peer that streams at it).
+bool kernel_positions(int fd, uint64_t* tx, uint64_t* rx) {
+  constexpr uint8_t kTcpEstablished = 1;  // (include/net/tcp_states.h)
+  constexpr socklen_t kNeed = offsetof(tcp_info, tcpi_bytes_received) + sizeof(uint64_t);
+  for (int tries = 0; tries < 8; tries++) {
+    tcp_info a{}, b{};
+    socklen_t la = sizeof a, lb = sizeof b;
+    int inq = 0, outq = 0;
+    if (sys::libc.getsockopt(fd, IPPROTO_TCP, TCP_INFO, &a, &la) != 0 || la < kNeed ||
+        a.tcpi_state != kTcpEstablished)
+      return false;
+    // (Raw: ioctl is one of our hooks.)
+    if (syscall(SYS_ioctl, fd, SIOCINQ, &inq) != 0 || syscall(SYS_ioctl, fd, SIOCOUTQ, &outq) != 0 ||
+        inq < 0 || outq < 0)
+      return false;
+    if (sys::libc.getsockopt(fd, IPPROTO_TCP, TCP_INFO, &b, &lb) != 0 || lb < kNeed ||
+        b.tcpi_state != kTcpEstablished)
+      return false;
+    // An ACK or a segment between the two looks moves one count against the
+    // queue read between them: look again.
+    if (a.tcpi_bytes_acked != b.tcpi_bytes_acked || a.tcpi_bytes_received != b.tcpi_bytes_received)
+      continue;
+    if (a.tcpi_bytes_received < uint64_t(inq)) return false;
+    *tx = a.tcpi_bytes_acked + uint64_t(outq);
+    *rx = a.tcpi_bytes_received - uint64_t(inq);
+    return true;
+  }
+  return false;
 }
 
-void adopt_one(int fd) {
-  int domain = listening_tcp(fd);
+// The connected sockets adopted so far in this scan, by inode: fds of one
+// socket (inetd's stdin and stdout are dups) share one Socket.
+struct Adopted {
+  uint64_t ino;
+  Socket* socket;
+};
+constexpr int kMaxAdopted = 16;
+
+// Whether our parent process runs librsock (its mappings name it). Such a
+// parent tracked the connection itself: it left it to us through the
+// table of passed connections if it could (adopt_after_exec), and may go on
+// using it if it did not (a fork child's exec, posix_spawn, system(),
+// popen). Adopting it then could switch it under the parent's TCP writes.
+// Read once, and only for an image that inherited a connection. A parent
+// whose mappings we may not read (another user's: inetd, systemd) counts
+// as one without librsock.
+bool parent_runs_librsock() {
+  char path[32];
+  snprintf(path, sizeof path, "/proc/%d/maps", int(getppid()));
+  int fd = int(syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC));
+  if (fd < 0) return false;
+  static constexpr char kName[] = "librsock";
+  constexpr size_t kLen = sizeof kName - 1;
+  char buf[512];
+  size_t kept = 0;  // the previous chunk's tail, for a name across chunks
+  bool found = false;
+  for (;;) {
+    long n = syscall(SYS_read, fd, buf + kept, sizeof buf - kept);
+    if (n <= 0) break;
+    size_t len = kept + size_t(n);
+    for (size_t i = 0; i + kLen <= len && !found; i++) found = memcmp(buf + i, kName, kLen) == 0;
+    if (found) break;
+    kept = std::min(len, kLen - 1);
+    memmove(buf, buf + len - kept, kept);
+  }
+  syscall(SYS_close, fd);
+  return found;
+}
+
+void adopt_connected(int fd, Adopted* seen, int* nseen) {
+  // (The domain first: a UNIX socket, as a service's stdout to the journal
+  // is, must not create the fd table.)
+  int domain = tracked_domain(fd);
+  if (domain == 0) return;
+  FdTable* t = FdTable::get_or_create();
+  if (!t || t->lookup(fd)) return;  // (the previous image's record adopted it)
+  struct stat sb{};
+  if (fstat(fd, &sb) != 0) return;
+  for (int i = 0; i < *nseen; i++) {
+    if (seen[i].ino != uint64_t(sb.st_ino)) continue;
+    // (nullptr: not adopted; none of its fds is, or a read through an
+    // untracked dup would pass the stream by.)
+    if (seen[i].socket) t->install(fd, seen[i].socket);
+    return;
+  }
+  if (*nseen == kMaxAdopted) return;
+  Adopted& me = seen[(*nseen)++];
+  me = {uint64_t(sb.st_ino), nullptr};
+  sockaddr_storage peer{};
+  socklen_t pl = sizeof peer;
+  // (Not connected: ENOTCONN. A socket in connect() is not ours to adopt.)
+  if (sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return;
+  static int parent_has_us = -1;
+  if (parent_has_us < 0) parent_has_us = parent_runs_librsock() ? 1 : 0;
+  if (parent_has_us) return;
+  uint64_t tx = 0, rx = 0;
+  if (!kernel_positions(fd, &tx, &rx)) return;
+  int fl = sys::libc.fcntl(fd, F_GETFL);
+  SocketRef s(new_socket(domain, Role::kAccepted, fl >= 0 && (fl & O_NONBLOCK)));
+  if (!s) return;
+  t->install(fd, s.get());
+  me.socket = s.get();
+  s->open_stats(fd, stats::Direction::kServer, nullptr, nullptr, true);
+  LOG_DEBUG("fd %d: a TCP connection inherited from a process without librsock, at stream bytes "
+            "out/in %llu/%llu; adopted as a server's", fd, (unsigned long long)tx,
+            (unsigned long long)rx);
+  adopt_inherited_connection(s.get(), fd, tx, rx);
+  s->upgrade_decided.store(true, std::memory_order_release);
+}
+
+// (Not inlined: its frame and the directory buffer's together pass the hooks' 2 KiB.)
+[[gnu::noinline]] void adopt_one(int fd, Adopted* seen, int* nseen) {
+  // (The first getsockopt fails with ENOTSOCK for a non-socket: one syscall
+  // per fd that is not a socket.)
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  if (sys::libc.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0) return;
+  if (!listening) {
+    adopt_connected(fd, seen, nseen);
+    return;
+  }
+  int domain = tracked_domain(fd);
   if (domain == 0) return;
   FdTable* t = FdTable::get_or_create();
   if (!t || t->lookup(fd)) return;
@@ -53,7 +187,7 @@ void adopt_one(int fd) {
 
 }  // namespace
 
-void adopt_inherited_listeners() {
+void adopt_inherited_sockets() {
   // The fds open at image start, from /proc/self/fd (raw syscalls: no
   // allocation, nothing hooked; the directory's own fd is skipped). Four
   // syscalls plus a getsockopt per inherited fd (usually three: stdin,
@@ -61,6 +195,8 @@ void adopt_inherited_listeners() {
   int dir = int(syscall(SYS_openat, AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir < 0) return;
   alignas(8) char buf[1024];
+  Adopted seen[kMaxAdopted];
+  int nseen = 0;
   for (;;) {
     long n = syscall(SYS_getdents64, dir, buf, sizeof buf);
     if (n <= 0) break;
@@ -73,7 +209,7 @@ void adopt_inherited_listeners() {
         num = *c >= '0' && *c <= '9';
         fd = fd * 10 + (*c - '0');
       }
-      if (num && fd != dir) adopt_one(fd);
+      if (num && fd != dir) adopt_one(fd, seen, &nseen);
     }
   }
   syscall(SYS_close, dir);

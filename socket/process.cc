@@ -59,7 +59,7 @@ void init_process() {
   // (Once loaded: what it creates is tracked like any socket.)
   if (!g_config->passthrough) {
     adopt_after_exec();
-    adopt_inherited_listeners();
+    adopt_inherited_sockets();
   }
 }
 

@@ -416,6 +416,15 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
     }
     drop_awaiting(i);
     drop_claim(st);
+    if ((rq.flags & wire::kRequestAgain) && st->adopted_first_wait()) {
+      // The client counts bytes that went over RDMA (it was upgraded
+      // before, somewhere), our positions only what the kernel moved: no
+      // exact switch. TCP for good, on both ends (a refusal ends the
+      // client's attempts).
+      l->listener->reject(std::move(req), transport::RejectReason::kRefused);
+      st->fall_back(stats::FallbackReason::kUnsupported);
+      return true;
+    }
     const uint8_t version = wire::negotiate(rq);
     wire::RendezvousReply rep{wire::kRendezvousMagic, version, {}, st->cookie()};
     auto c = l->listener->accept(std::move(req), std::as_bytes(std::span(&rep, 1)));
@@ -1174,13 +1183,16 @@ bool fd_room(Socket* s) {
   return false;
 }
 
+// `at`: stream positions {tx, rx} to start from (a connection adopted from
+// the kernel), set before the registry can see the stream.
 Stream* new_stream(Socket* s, int fd, bool client, const sockaddr_storage& local,
-                   const sockaddr_storage& peer) {
+                   const sockaddr_storage& peer, const uint64_t* at = nullptr) {
   // The stream uses the application's fd until the application closes it
   // (fd_closing): a dup of our own per connection would cost the program one
   // fd of its RLIMIT_NOFILE each.
   auto* st = new (std::nothrow) Stream(fd, client, local, peer, s->slot());
   if (!st) return nullptr;
+  if (at) st->adopt_inherited(at[0], at[1]);
   st->set_owner(s);
   std::lock_guard lk(g_mu);
   if (!ensure_thread()) {
@@ -1249,6 +1261,14 @@ bool negative_cache_host(const sockaddr* addr) {
         same_ip(reinterpret_cast<const sockaddr*>(&e.peer), addr))
       return true;
   return false;
+}
+
+void negative_cache_forget(const sockaddr_storage& peer) {
+  std::lock_guard lk(g_neg_mu);
+  std::erase_if(g_negative, [&](const NegativeEntry& e) {
+    return !e.whole_host && port_of(e.peer) == port_of(peer) &&
+           same_ip(reinterpret_cast<const sockaddr*>(&e.peer), reinterpret_cast<const sockaddr*>(&peer));
+  });
 }
 
 void negative_cache_add(const sockaddr_storage& peer, bool whole_host, bool first_short,
@@ -1540,6 +1560,108 @@ void adopt_after_exec() {
     adopt_passed(s.get(), first);
     LOG_DEBUG("fd %d: a connection the previous image held; waiting to upgrade it again", first);
   }
+}
+
+void adopt_inherited_connection(Socket* s, int fd, uint64_t tx, uint64_t rx) {
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof local, pl = sizeof peer;
+  if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+      sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+    return;
+  if (!eligible(config::Direction::kServer, reinterpret_cast<sockaddr*>(&local)) || !fd_room(s) ||
+      !maps_room(s))
+    return;
+  const uint16_t port = port_of(local);
+  // Every process that adopts a connection of this address and port meets
+  // the others here: the one holding the rdma_cm listener redirects the
+  // others' requests (as for a SO_REUSEPORT group or a listener inherited
+  // across exec).
+  listen_share::Table* named =
+      listen_share::open_group(reinterpret_cast<const sockaddr*>(&local), port);
+  if (named == nullptr) return;
+  // An instance that execs in place with the connection mid-switch passes
+  // it to its new image through the per-user table of passed connections,
+  // where that image publishes its side listener: whoever holds the port
+  // (this process now, or after a takeover) looks there too. (Opened here,
+  // in the application's thread: the progress thread must not create an
+  // fd.)
+  if (!g_passed_share.load(std::memory_order_acquire))
+    g_passed_share.store(listen_share::open_passed(), std::memory_order_release);
+  // (The application's thread: the takeover's channel, should the holder
+  // exit, is opened now; the progress thread must not create an fd.)
+  rdma_event_channel* spare = transport::Listener::spare_channel();
+  const uint64_t at[2] = {tx, rx};
+  Stream* st = new_stream(s, fd, false, local, peer, at);
+  if (!st) {
+    transport::Listener::free_spare(spare);
+    return;
+  }
+  st->set_listen_table(named);
+  s->set_stream(st);
+  std::lock_guard lk(g_mu);
+  const auto* la = reinterpret_cast<const sockaddr*>(&local);
+  const uint64_t now = now_ns();
+  // This process holds the port's rdma_cm listener already (it inherited
+  // two connections of the port, or took the listener over).
+  bool held = std::any_of(g_listeners.begin(), g_listeners.end(), [&](const ListenerEntry& e) {
+    return !e.side && e.listener && e.tcp_port == port &&
+           same_ip(reinterpret_cast<const sockaddr*>(&e.addr), la);
+  });
+  // (By port and address: every open_group maps the table anew.)
+  bool watched = std::any_of(
+      g_inherited_listeners.begin(), g_inherited_listeners.end(), [&](const InheritedListener& il) {
+        return il.socket == nullptr && il.tcp_port == port &&
+               same_ip(reinterpret_cast<const sockaddr*>(&il.addr), la);
+      });
+  if (!held && !watched) {
+    auto l = open_cm_listener(local, cm_port_of(port), false);
+    if (l) {
+      // Kept while the process lives, with no TCP listening socket behind
+      // it (socket nullptr): the next instances of the service, started for
+      // later connections, have their requests redirected from here.
+      ListenerEntry e{nullptr, port, std::move(*l), local, 0, named};
+      g_listeners.push_back(std::move(e));
+      listen_share::set_owner(named, int32_t(getpid()));
+      held = true;
+    } else if (l.error() != EADDRINUSE) {
+      LOG_INFO("fd %d: no rdma_cm listener for an inherited connection's TCP port %u (%s): it "
+               "stays on TCP", fd, unsigned(port), strerror(l.error()));
+      transport::Listener::free_spare(spare);
+      st->fall_back(stats::FallbackReason::kNoResources);
+      return;
+    } else {
+      // Another process holds it (an earlier instance of the service): its
+      // exit is watched, and this process takes the port over then.
+      g_inherited_listeners.push_back({nullptr, named, port, local, false});
+      auto& il = g_inherited_listeners.back();
+      il.watched = true;
+      il.spare = std::exchange(spare, nullptr);
+      watch_owner(g_inherited_listeners.size() - 1, now);
+      // (watch_owner may have taken the port over at once: its holder was gone.)
+      held = std::any_of(g_listeners.begin(), g_listeners.end(), [&](const ListenerEntry& e) {
+        return !e.side && e.listener && e.tcp_port == port &&
+               same_ip(reinterpret_cast<const sockaddr*>(&e.addr), la);
+      });
+    }
+  }
+  transport::Listener::free_spare(spare);
+  if (!held) {
+    // The holder redirects the client's request here, to a side listener.
+    uint16_t side_port = side_listener_port(local);
+    uint64_t ttl = st->deadline_ns() > now ? st->deadline_ns() - now : 0;
+    int slot = side_port == 0 ? -1
+                              : listen_share::publish(
+                                    named, reinterpret_cast<const sockaddr*>(&peer),
+                                    reinterpret_cast<const sockaddr_in*>(&peer)->sin_port,
+                                    reinterpret_cast<const sockaddr_in*>(&local)->sin_port,
+                                    side_port, now, ttl);
+    if (slot < 0) {
+      st->fall_back(stats::FallbackReason::kNoResources);
+      return;
+    }
+    g_claims.push_back({st, named, slot});
+  }
+  add_awaiting(st);
 }
 
 void listener_started(Socket* s, int fd, bool across_exec) {
@@ -1966,7 +2088,8 @@ void progress_before_exec(bool replaces) {
   // is told to look there (mark_exec), and the named table names it, so
   // that the new program watches it and takes over when it exits.
   for (auto& il : g_inherited_listeners) {
-    if (il.share == nullptr || closes_on_exec(il.socket)) continue;
+    // (No socket: a port watched for adopted connections, no listener to keep.)
+    if (il.share == nullptr || !il.socket || closes_on_exec(il.socket)) continue;
     listen_share::mark_exec(il.share);
     if (!listen_share::exec_marked(il.share)) continue;  // a named table already
     if (!il.named)
@@ -1981,9 +2104,26 @@ void progress_before_exec(bool replaces) {
     listen_share::mark_exec(l.share);
     (void)named_share(l);
   }
+  // A port's rdma_cm listener held for adopted connections (no TCP
+  // listening socket) goes with this image: the other processes that
+  // watch it take over (retry_take_overs sees the name change), or the
+  // new image binds it again when it adopts its connection.
+  for (auto& l : g_listeners)
+    if (replaces && !l.socket && !l.side && l.listener && l.closed_until_ns == 0 && l.share &&
+        listen_share::owner(l.share) == int32_t(getpid()))
+      listen_share::set_owner(l.share, 0);
   for (size_t i = 0; i < g_streams.size(); i++) {
     Stream* st = g_streams[i];
     if (!g_stream_owner[i]) continue;
+    // A connection adopted from the kernel that never left TCP: the new
+    // image adopts it again the same way, and binds or joins the port's
+    // rdma_cm side itself (a wrapper script that ends in `exec prog`).
+    // Passed as below instead, it would wait behind a side listener that
+    // only the passed table names, which no listener of its port reads.
+    if (replaces && st->adopted_first_wait()) {
+      if (!g_claims.empty()) drop_claim(st);
+      continue;  // falls back below (quietly: handed_off)
+    }
     if (closes_on_exec(g_stream_owner[i])) {
       if (!st->shared_by_fork()) continue;  // falls back below
       if (replaces) st->release_for_exec();  // then falls back below: this image goes
@@ -2095,7 +2235,9 @@ void progress_after_fork_child() {
     // The parent's watch is the parent's: this child watches on its own use.
     if (il.owner_fd >= 0) sys::close_owned(il.owner_fd);
     transport::Listener::free_spare(il.spare);  // (this process's copy of the parent's)
-    fresh->inherited_listeners.push_back({il.socket, il.share, il.tcp_port, il.addr, il.v6only});
+    // (A port watched for adopted connections only, socket nullptr: the
+    // parent's business, not the child's.)
+    if (il.socket) fresh->inherited_listeners.push_back({il.socket, il.share, il.tcp_port, il.addr, il.v6only});
   }
   int unwatched = 0;
   for (const auto& il : fresh->inherited_listeners) unwatched += il.share != nullptr;

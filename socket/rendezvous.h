@@ -36,9 +36,19 @@ void adopt_after_exec();
 // At startup, after adopt_after_exec: every TCP listening socket the image
 // inherited and nobody tracks yet (systemd socket activation, a master that
 // forks and execs its workers, a re-exec) is tracked as a listener and its
-// rdma_cm side started, as listen() would (socket/inherit.cc). A
-// getsockopt per open fd.
-void adopt_inherited_listeners();
+// rdma_cm side started, as listen() would; every established TCP connection
+// nobody tracks yet (an inetd-style service whose acceptor runs without
+// librsock) is adopted as an accepted one (adopt_inherited_connection).
+// socket/inherit.cc. A getsockopt per open fd.
+void adopt_inherited_sockets();
+// An established connection Socket `s` at `fd`, inherited from processes
+// without librsock, which moved `tx`/`rx` stream bytes on it before us: a
+// server stream at those positions waits for its client's request. The
+// request reaches the rdma_cm port of the connection's local port, which
+// this process binds if nobody has (and keeps while it lives); else the
+// process that holds it redirects the request through the port's named
+// table, where this one publishes its own side listener.
+void adopt_inherited_connection(Socket* s, int fd, uint64_t tx, uint64_t rx);
 // listen() succeeded on a tracked socket: open its rdma_cm listener if the
 // config allows RDMA for it. `across_exec`: a listening socket this image
 // inherited; if another process holds its port's rdma_cm listener (the
@@ -91,6 +101,9 @@ void negative_cache_add(const sockaddr_storage& peer, bool whole_host = false,
                         bool first_short = false, uint64_t attempt_ns = 0);
 // A host entered with whole_host (any port), for a server's requests.
 bool negative_cache_host(const sockaddr* addr);
+// The peer's port (not a whole host's entry) is no longer skipped: a
+// client's late retry reached librsock there.
+void negative_cache_forget(const sockaddr_storage& peer);
 
 // The progress thread calls fn(arg) (without its own locks held) whenever fd
 // is readable; fn must make it unreadable again or it is called every time

@@ -409,6 +409,7 @@ void Stream::connect_locked(uint16_t rport) {
   req.max_version = wire::kRendezvousVersion;
   req.client_port = reinterpret_cast<const sockaddr_in*>(&local_)->sin_port;  // same offset in v6
   req.server_port = reinterpret_cast<const sockaddr_in*>(&peer_)->sin_port;
+  req.flags = reup_ ? wire::kRequestAgain : 0;
   req.cookie = my_cookie_;
   sockaddr_storage dst = cm_address(peer_);
   reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(rport);
@@ -998,6 +999,37 @@ void Stream::exec_failed() {
   if (exec_released_) holders::poison(std::exchange(exec_released_, nullptr));
 }
 
+// Under mu_: a client's first rendezvous failed for want of a listener.
+// A server started for this very connection opens one a moment later:
+// socket activation (Accept=no), or an inetd-style service (Accept=yes,
+// inetd, socat EXEC:...,nofork) whose instance adopts the connection at its
+// start. So it is made once more, at half the window; a plain peer costs
+// one failed attempt more. The port's first strike is taken now, so that
+// connections opened meanwhile wait it out, and the retry's failure does
+// not lengthen it. A redirect whose target had gone (an instance that
+// published its side listener, then exec'd in place: its new image
+// publishes anew) is followed by a new request to the listener's holder
+// soon. True if the retry is scheduled.
+bool Stream::late_retry(stats::FallbackReason reason) {
+  using R = stats::FallbackReason;
+  const bool moved = redirected_ && (reason == R::kPeerNotRsock || reason == R::kRejected);
+  if (!client_ || reup_ || late_retried_ || orphaned_ || !(moved || reason == R::kPeerNotRsock))
+    return false;
+  const uint64_t window = uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+  const uint64_t now = coarse_now_ns();
+  const uint64_t at = moved ? now + kMovedRetryNs : born_ns_ + window / 2;
+  if (at <= now || (moved && at + window / 4 > deadline_ns_)) return false;
+  late_retried_ = true;
+  if (!moved) negative_cache_add(peer_, false, true, attempt_ns_);
+  redirected_ = false;  // (to the listener's holder again)
+  conn_.reset();
+  request_start(at);
+  LOG_DEBUG("fd %d: %s; once more in %llu ms", tcp_fd_,
+            moved ? "the redirect's target is gone" : "no rdma_cm listener at the peer",
+            (unsigned long long)((at - now) / 1000000));
+  return true;
+}
+
 // Under mu_: an attempt failed.
 bool Stream::retry_reupgrade(stats::FallbackReason reason) {
   using R = stats::FallbackReason;
@@ -1301,6 +1333,18 @@ void Stream::adopt_passed(holders::Slot* h) {
   enter_shared();
 }
 
+void Stream::adopt_inherited(uint64_t tx, uint64_t rx) {
+  std::lock_guard lk(mu_);
+  tcp_tx_ = tx;
+  tcp_rx_ = rx;
+  adopted_ = true;
+}
+
+bool Stream::adopted_first_wait() {
+  std::lock_guard lk(mu_);
+  return adopted_ && !reup_ && phase() == Phase::kPending && !conn_ && !holders_;
+}
+
 bool Stream::advance(bool block) {
   if (block) {
     mu_.lock();
@@ -1435,7 +1479,11 @@ bool Stream::advance_locked(bool full) {
       if (reup_ && retry_reupgrade(reason)) return true;
       if (reason == stats::FallbackReason::kTimeout) log_rendezvous_timeout();
       uint8_t peer_reason = static_cast<uint8_t>(conn_->reject_reason());
-      if (caches_failure(reason, cache))
+      if (late_retry(reason)) return true;
+      // (A late retry that found no listener again: the first attempt took
+      // the strike.)
+      if (caches_failure(reason, cache) &&
+          !(late_retried_ && reason == stats::FallbackReason::kPeerNotRsock))
         negative_cache_add(peer_, reason == stats::FallbackReason::kLossyPath,
                            reason == stats::FallbackReason::kPeerNotRsock, attempt_ns_);
       mu_.unlock();
@@ -1476,7 +1524,10 @@ bool Stream::advance_locked(bool full) {
       if (now_ns() > deadline_ns_) {
         if (reup_ && retry_reupgrade(stats::FallbackReason::kTimeout)) return true;
         log_rendezvous_timeout();
-        if (caches_failure(stats::FallbackReason::kTimeout, true)) negative_cache_add(peer_);
+        // (A late retry that timed out: a server still starting; its first
+        // attempt took the strike.)
+        if (caches_failure(stats::FallbackReason::kTimeout, true) && !late_retried_)
+          negative_cache_add(peer_);
         mu_.unlock();
         fall_back(stats::FallbackReason::kTimeout);
         mu_.lock();
@@ -1505,6 +1556,12 @@ bool Stream::advance_locked(bool full) {
       }
       peer_cookie_ = rep.cookie;
       version_ = rep.version;
+      // The peer runs librsock: a first strike its port took (a server
+      // started for a connection, an inetd service's instances that come
+      // and go, each binding the port anew) is over, so that the next
+      // connection with no listener takes a short strike again, not the
+      // whole TTL.
+      if (late_retried_) negative_cache_forget(peer_);
     }
     enter_switching();
     p = phase();

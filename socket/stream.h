@@ -190,8 +190,9 @@ class Stream {
   // streams starts its deferred rendezvous with the application's next call
   // (advance_locked): bulk transfers should reach RDMA early.
   void start_early_if_streaming() {
+    // (Not a late retry's: it waits for a server that is still starting.)
     uint64_t at = start_at_ns_.load(std::memory_order_relaxed);
-    if (at > 1 && tcp_tx_ + tcp_rx_ >= kEarlyStartBytes)
+    if (at > 1 && !late_retried_ && tcp_tx_ + tcp_rx_ >= kEarlyStartBytes)
       start_at_ns_.compare_exchange_strong(at, 1, std::memory_order_acq_rel);
   }
   void attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
@@ -256,6 +257,13 @@ class Stream {
   // the passed slot `h`; it enlists and waits, governed, until it is the
   // only holder.
   void adopt_passed(holders::Slot* h);
+  // A connection inherited from processes without librsock (socket/inherit.cc),
+  // which moved tx/rx stream bytes on it before us: the positions a switch
+  // starts from.
+  void adopt_inherited(uint64_t tx, uint64_t rx);
+  // Adopted so, and waiting for its first request: its positions are the
+  // kernel's TCP counts (never on RDMA, never shared).
+  bool adopted_first_wait();
   // The nonblocking first half of hand_off(). at_exit: the process is
   // exiting (no fallback counted, logged at debug level only).
   // A connection on RDMA whose both directions are over
@@ -487,6 +495,7 @@ class Stream {
   // A re-upgrade attempt failed for `reason`: true if another is scheduled
   // (the stream stays pending, without a connection).
   bool retry_reupgrade(stats::FallbackReason reason);
+  bool late_retry(stats::FallbackReason reason);
   // Waiting to upgrade again, and it cannot be: plain TCP now, quietly.
   void abandon_reupgrade();
   void stay_on_tcp_locked();
@@ -583,6 +592,11 @@ class Stream {
   uint64_t attempt_ns_ = 0;  // client: when its latest rendezvous started (negative cache)
   unsigned long long us_since_start() const;
   bool redirected_ = false;  // the client followed a listener's redirect
+  // The client's first rendezvous found no rdma_cm listener and is made
+  // once more, at half its window (advance_locked).
+  bool late_retried_ = false;
+  static constexpr uint64_t kMovedRetryNs = 100'000'000;
+  bool adopted_ = false;  // positions from the kernel (adopt_inherited)
   std::unique_ptr<transport::Connection> conn_;
   int err_ = 0;
   bool err_reported_ = false;  // err_ went to the application once

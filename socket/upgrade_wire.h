@@ -9,7 +9,9 @@
 //    +5  u8  max_version (3; 0 = version)     +5  u8  reserved[3]
 //    +6  u16 client TCP port (network order)  +8  u64 server cookie
 //    +8  u16 server TCP port (network order)
-//    +10 u8  reserved[6]
+//    +10 u8  flags: bit 0 "again" (the client upgrades again: its stream
+//            positions count bytes that did not go through its TCP socket)
+//    +11 u8  reserved[5]
 //    +16 u64 client cookie
 //
 //    The IP addresses are not carried: the server requires the rdma_cm
@@ -61,13 +63,21 @@ inline constexpr uint8_t kPathRecordVersion = 5;     // the first whose DOWN rec
 inline constexpr uint64_t kMaxReturnBytes = 64ull << 20;
 inline constexpr uint64_t kMarkerMagic = 0x31575348434f5352ull;  // "RSOCKSW1" little-endian
 
+// RendezvousRequest::flags. kRequestAgain: the client's connection was on
+// RDMA before (or waited while another process held it), so its positions
+// count bytes its kernel's TCP counters do not. A server that took its own
+// positions from those counters (a connection adopted from a process
+// without librsock) refuses such a request while it waits for its first.
+inline constexpr uint8_t kRequestAgain = 1;
+
 struct RendezvousRequest {
   uint32_t magic;
   uint8_t version;       // the lowest version the client speaks
   uint8_t max_version;   // the highest (0: the same as version)
   uint16_t client_port;  // network order
   uint16_t server_port;  // network order
-  uint8_t reserved1[6];
+  uint8_t flags;         // kRequestAgain; 0 from clients before it
+  uint8_t reserved1[5];
   uint64_t cookie;
 };
 static_assert(sizeof(RendezvousRequest) == 24);

@@ -20,8 +20,11 @@
 #                      only once a first connection waits (systemd's socket
 #                      activation starts the service at the first
 #                      connection). That first connection's rendezvous finds
-#                      no rdma_cm listener: it stays on TCP (peer_not_rsock)
-#                      and must still echo exactly; the clients that come
+#                      no rdma_cm listener; it is made once more at half the
+#                      window, and the connection must echo exactly on either
+#                      transport (RDMA if the server listens by then, as it
+#                      usually does; TCP with peer_not_rsock before 2026-12-05
+#                      evening); the clients that come
 #                      kFirstStrikeNs (2 s, socket/rendezvous.h) after its
 #                      fallback must all upgrade. Failed before 2026-12-05:
 #                      the port stayed in the negative cache for 60 s.
