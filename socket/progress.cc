@@ -530,7 +530,12 @@ void service_listeners(uint64_t now) {
         try_redirect_named(pr.req, pr.via, now)) {
       g_requests.erase(g_requests.begin() + long(i));
     } else if (now > g_requests[i].expires_ns) {
-      // Unknown connection: dropping the request rejects it (kRefused).
+      // Unknown connection: dropping the request rejects it (kRefused). On
+      // a port held for adopted connections it is one whose instance never
+      // published (not adoptable, out of room): "no resources", which its
+      // client does not cache against every instance of the service.
+      if (ListenerEntry* l = entry_of(pr.via); l && !l->socket && !l->side && l->closed_until_ns == 0)
+        pr.via->reject(std::move(pr.req), transport::RejectReason::kNoResources);
       g_requests.erase(g_requests.begin() + long(i));
     } else {
       i++;
@@ -657,7 +662,8 @@ void watch_owner(size_t i, uint64_t now) {
 // to bind the listener's rdma_cm port becomes the owner: it matches its own
 // connections' requests there and redirects its siblings' through the same
 // share, as the exited owner did. A sibling that loses the race watches the
-// winner. True if entry i was erased (this process is the owner now).
+// winner. True if entry i was erased (this process is the owner now, or,
+// for a port of adopted connections, gave up).
 bool try_take_over(size_t i, uint64_t now) {
   auto& il = g_inherited_listeners[i];
   int32_t cur = listen_share::owner(il.share);
@@ -670,6 +676,16 @@ bool try_take_over(size_t i, uint64_t now) {
     LOG_DEBUG("TCP port %u: its owner (pid %d) exited; cannot take its rdma_cm listener over "
               "yet: %s", unsigned(il.tcp_port), int(il.owner_pid), strerror(l.error()));
     // Taken (a sibling's bind, before it names itself), or no resources.
+    if (il.socket == nullptr && il.retry_gap_ns == kTakeOverGapMaxNs) {
+      // A port watched for adopted connections, taken by a process that
+      // never names itself in the table (a preloaded listener of its own,
+      // not ours to join): after about 2 s of tries, no more binds for the
+      // rest of this process's life.
+      unwatch_owner(il);
+      transport::Listener::free_spare(std::exchange(il.spare, nullptr));
+      g_inherited_listeners.erase(g_inherited_listeners.begin() + long(i));
+      return true;
+    }
     il.retry_gap_ns = il.retry_gap_ns ? std::min(il.retry_gap_ns * 2, kTakeOverGapMaxNs)
                                       : kTakeOverGapNs;
     il.retry_ns = now + il.retry_gap_ns;
