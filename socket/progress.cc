@@ -1437,6 +1437,16 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd, const sockaddr
         s->note_fallback(stats::FallbackReason::kForked);
         return nullptr;
       }
+      if (listen_share::exec_marked(it->share)) {
+        // The owner exec'd with the socket (in place, or a child of it):
+        // its new image serves the port through the port's named table,
+        // which names the same pid. From now on that is this worker's
+        // table: it publishes there and watches the owner it names.
+        if (!it->named)
+          it->named = listen_share::open_group(reinterpret_cast<const sockaddr*>(&it->addr),
+                                               it->tcp_port);
+        if (it->named) it->share = it->named;
+      }
       share = it->share;
     }
   }
@@ -2114,9 +2124,14 @@ void progress_before_exec(bool replaces) {
       listen_share::set_owner(il.named, listen_share::owner(il.share));
   }
   // (posix_spawn: this process goes on as the owner. An exec in place takes
-  // the listener with the image; the new one binds the port again.)
+  // the listener with the image; the new one binds the port again and
+  // serves it through the port's named table, since the anonymous one dies
+  // with this image: fork children still accepting on the socket (a master
+  // that re-execs itself under its workers) are told to publish there
+  // (the mark; start_server_upgrade), and the named table names this pid,
+  // the new image's too.)
   for (auto& l : g_listeners) {
-    if (replaces || !l.listener || l.alias || !l.socket || closes_on_exec(l.socket)) continue;
+    if (!l.listener || l.alias || !l.socket || closes_on_exec(l.socket)) continue;
     listen_share::mark_exec(l.share);
     (void)named_share(l);
   }

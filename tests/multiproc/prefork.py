@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-# prefork.py ADDR [--master-exits | --master-closes | --reuseport | --reuseport-each] -- issue 12 item 1: a preforking server, unmodified in
+# prefork.py ADDR [--master-exits | --master-closes | --master-reexecs | --reuseport |
+#                  --reuseport-each] -- issue 12 item 1: a preforking server, unmodified in
 # shape: a master listens, forks WORKERS workers that accept on the listening
 # socket they inherited, and then only sleeps (signal.pause: sigsuspend).
 # Run preloaded in the RDMA VM (ctest sets LD_PRELOAD). The test process is
@@ -16,6 +17,11 @@
 # --reuseport-each: each worker opens its own SO_REUSEPORT socket on the
 # port after the fork (processes that share no librsock state: only the
 # group's named table).
+# --master-reexecs: the master execs itself in place 2 s after forking the
+# workers (a binary upgrade or reload that keeps the listening socket, its
+# pid and its workers); the new image only sleeps. Its rdma_cm listener is
+# the new image's, which shares no memory with the workers: they publish
+# their connections in the port's named table from then on.
 #
 # Asserted: every byte comes back in order; every connection was on RDMA
 # (SOL_RSOCK transport 2) at some point, and at least 90 % of the payload,
@@ -32,6 +38,13 @@ from rdma_env import echo_to_eof, held_echoes, skip_unless_rdma, tally
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MASTER_EXITS = "--master-exits" in sys.argv
 MASTER_CLOSES = "--master-closes" in sys.argv
+MASTER_REEXECS = "--master-reexecs" in sys.argv
+if len(sys.argv) > 3 and sys.argv[2] == "--reexeced-master":
+    # The master's new image: it holds the listening socket (fd argv[3])
+    # and sleeps; librsock took the socket in at its start.
+    keep = socket.socket(fileno=int(sys.argv[3]))
+    while True:
+        signal.pause()
 REUSEPORT = "--reuseport" in sys.argv
 REUSEPORT_EACH = "--reuseport-each" in sys.argv
 skip_unless_rdma(ADDR)
@@ -116,6 +129,14 @@ def master(wfd):
         time.sleep(2)
         for srv in socks:
             srv.close()
+    if MASTER_REEXECS:
+        # Once the workers wait in accept(). (Its workers, no longer its
+        # children in Python's eyes, are reaped by nobody: the test kills
+        # the group.)
+        time.sleep(2)
+        os.set_inheritable(socks[0].fileno(), True)
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), ADDR,
+                                  "--reexeced-master", str(socks[0].fileno())])
     reap()
     while True:
         signal.pause()
@@ -143,6 +164,8 @@ if MASTER_CLOSES:
     # its close, then its listener's grace (upgrade_timeout_ms, 2 s), then a
     # tick of the workers
     time.sleep(5)
+if MASTER_REEXECS:
+    time.sleep(5)  # its exec, and the new image's start (an interpreter: seconds in TCG)
 
 # Every connection's echo is back and the connection still open when the QPs
 # are listed, however quickly (or slowly) the transfers ran.
@@ -167,7 +190,7 @@ qp_workers = qp_seen & worker_pids
 ok, rdma, share, total, counted = tally(results, transports, counts)
 print("prefork%s: %d/%d echoes exact, %d/%d connections on RDMA, %.1f %% of %d bytes over RDMA, "
       "served per worker %s, workers with RC QPs in RTS: %d, master with RC QPs: %s"
-      % (" (master exited)" if MASTER_EXITS else " (master closed its socket)" if MASTER_CLOSES else " (SO_REUSEPORT)" if REUSEPORT else
+      % (" (master exited)" if MASTER_EXITS else " (master re-exec'd)" if MASTER_REEXECS else " (master closed its socket)" if MASTER_CLOSES else " (SO_REUSEPORT)" if REUSEPORT else
          " (SO_REUSEPORT in each worker)" if REUSEPORT_EACH else "", ok,
          CONNS, rdma, CONNS, 100 * share, total, sorted(served.values()), len(qp_workers),
          mpid in qp_seen))
