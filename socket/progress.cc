@@ -1629,10 +1629,13 @@ void adopt_inherited_connection(Socket* s, int fd, uint64_t tx, uint64_t rx) {
   const uint64_t now = now_ns();
   // This process holds the port's rdma_cm listener already (it inherited
   // two connections of the port, or took the listener over).
-  bool held = std::any_of(g_listeners.begin(), g_listeners.end(), [&](const ListenerEntry& e) {
-    return !e.side && e.listener && e.tcp_port == port &&
-           same_ip(reinterpret_cast<const sockaddr*>(&e.addr), la);
-  });
+  auto holds_port = [&] {
+    return std::any_of(g_listeners.begin(), g_listeners.end(), [&](const ListenerEntry& e) {
+      return !e.side && e.listener && e.tcp_port == port &&
+             same_ip(reinterpret_cast<const sockaddr*>(&e.addr), la);
+    });
+  };
+  bool held = holds_port();
   // (By port and address: every open_group maps the table anew.)
   bool watched = std::any_of(
       g_inherited_listeners.begin(), g_inherited_listeners.end(), [&](const InheritedListener& il) {
@@ -1664,10 +1667,7 @@ void adopt_inherited_connection(Socket* s, int fd, uint64_t tx, uint64_t rx) {
       il.spare = std::exchange(spare, nullptr);
       watch_owner(g_inherited_listeners.size() - 1, now);
       // (watch_owner may have taken the port over at once: its holder was gone.)
-      held = std::any_of(g_listeners.begin(), g_listeners.end(), [&](const ListenerEntry& e) {
-        return !e.side && e.listener && e.tcp_port == port &&
-               same_ip(reinterpret_cast<const sockaddr*>(&e.addr), la);
-      });
+      held = holds_port();
     }
   }
   transport::Listener::free_spare(spare);

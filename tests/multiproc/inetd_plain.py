@@ -27,7 +27,8 @@
 # each closed before the next: each must upgrade too (its retry).
 import os, signal, socket, subprocess, sys, threading, time
 
-from rdma_env import bytes_of, fallback_of, qp_owners, skip_unless_rdma, transport_of
+from rdma_env import (bytes_of, fallback_of, qp_owners, recv_exactly, skip_unless_rdma,
+                      transport_of)
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 if "--acceptor" not in sys.argv:
@@ -48,12 +49,7 @@ def run_acceptor(port, lib):
     n = 0
     while True:
         c, _ = lsock.accept()
-        got = b""
-        while len(got) < len(HELLO):
-            b = c.recv(len(HELLO) - len(got))
-            if not b:
-                break
-            got += b
+        recv_exactly(c, len(HELLO))
         c.sendall(BANNER)
         if os.fork() == 0:
             os.dup2(c.fileno(), 0)

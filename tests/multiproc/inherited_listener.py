@@ -39,8 +39,8 @@
 import os, select, signal, subprocess, sys, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rdma_env import (echo_to_eof, fallback_of, held_echoes, skip_unless_rdma, tally,  # noqa: E402
-                      transport_of)
+from rdma_env import (echo_to_eof, fallback_of, held_echoes, recv_exactly,  # noqa: E402
+                      skip_unless_rdma, tally, transport_of)
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 MODE = sys.argv[2] if len(sys.argv) > 2 else "--plain-launcher"
@@ -149,12 +149,7 @@ time.sleep(0.5)
 first_ok, first_why = True, ""
 if first is not None:
     first.settimeout(30)
-    got = b""
-    while len(got) < 16:
-        b = first.recv(16 - len(got))
-        if not b:
-            break
-        got += b
+    got = recv_exactly(first, 16)
     # Until its rendezvous is over (on RDMA if its request reached the
     # service's new rdma_cm listener in time, else back on TCP: then the
     # port is in the negative cache), and then past the first strike.

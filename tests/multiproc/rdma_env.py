@@ -99,6 +99,17 @@ def echo_once(addr, port, data, seen, chunk=32768, pause_after_first=0, hold=Non
     return bytes(got) == data
 
 
+def recv_exactly(s, n):
+    # Up to n bytes from s: fewer only at EOF.
+    got = b""
+    while len(got) < n:
+        b = s.recv(n - len(got))
+        if not b:
+            break
+        got += b
+    return got
+
+
 def echo_to_eof(c):
     # A server's side of one connection: every byte back until EOF.
     with c:

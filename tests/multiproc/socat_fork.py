@@ -22,7 +22,8 @@
 # each publish a side listener and that cat redirects their requests.
 import os, shutil, signal, socket, subprocess, sys, time
 
-from rdma_env import fallback_of, held_echoes, report_forked_server, skip_unless_rdma, transport_of
+from rdma_env import (fallback_of, held_echoes, recv_exactly, report_forked_server,
+                      skip_unless_rdma, transport_of)
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 PLAIN = "--plain-acceptor" in sys.argv[2:]
@@ -65,13 +66,8 @@ if PLAIN and lib:
     # then the rest, whose requests that cat redirects.
     first = socket.create_connection((ADDR, port))
     first.sendall(b"first connection")
-    got = b""
     first.settimeout(60)
-    while len(got) < 16:
-        b = first.recv(16 - len(got))
-        if not b:
-            break
-        got += b
+    got = recv_exactly(first, 16)
     if got != b"first connection":
         print("FAIL: the first connection echoed %r" % got)
         sys.exit(1)
@@ -87,12 +83,7 @@ if first is not None:
     while transport_of(first) == 1 and time.time() < end:
         time.sleep(0.2)
     first.sendall(b"first, again")
-    got = b""
-    while len(got) < 12:
-        b = first.recv(12 - len(got))
-        if not b:
-            break
-        got += b
+    got = recv_exactly(first, 12)
     first_ok = got == b"first, again" and transport_of(first) == 2
     print("socat_exec_plain: the first connection echoed %r on transport %d (%s)"
           % (got, transport_of(first), fallback_of(first)))
