@@ -366,7 +366,7 @@ RSOCK_TX_HOOK(ssize_t, sendto,
 // for the look. `sent`: after the real call, whether it went out (false: no
 // receiver will enlist).
 template <typename F>
-static void for_passed_streams(HookScope& h, const struct msghdr* m, F&& f) {
+static void for_passed_sockets(HookScope& h, const struct msghdr* m, F&& f) {
   if (m == nullptr || m->msg_controllen == 0 || m->msg_control == nullptr) return;
   for (cmsghdr* c = CMSG_FIRSTHDR(m); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(m), c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -375,17 +375,25 @@ static void for_passed_streams(HookScope& h, const struct msghdr* m, F&& f) {
     for (size_t i = 0; i < n; i++) {
       int pfd;
       std::memcpy(&pfd, fds + i, sizeof pfd);
-      auto s = h.tracked(pfd);
-      if (!s) continue;
-      if (rsock::socket::Stream* st = s->stream()) f(s, st);
+      if (auto s = h.tracked(pfd)) f(s);
     }
   }
+}
+template <typename F>
+static void for_passed_streams(HookScope& h, const struct msghdr* m, F&& f) {
+  for_passed_sockets(h, m, [&](const rsock::socket::SocketRef& s) {
+    if (rsock::socket::Stream* st = s->stream()) f(s, st);
+  });
 }
 
 static void hand_off_passed_fds(HookScope& h, const struct msghdr* m) {
   uint64_t deadline = 0;
-  for_passed_streams(h, m, [&](const rsock::socket::SocketRef& s, rsock::socket::Stream* st) {
-    if (!st->governs()) return;
+  for_passed_sockets(h, m, [&](const rsock::socket::SocketRef& s) {
+    // A listening socket: its receiver's connections are found through the
+    // port's named table (listener_passing).
+    if (s->role() == rsock::socket::Role::kListener) rsock::socket::listener_passing(s.get());
+    rsock::socket::Stream* st = s->stream();
+    if (st == nullptr || !st->governs()) return;
     if (deadline == 0)
       deadline = rsock::now_ns() +
                  uint64_t{rsock::socket::process_config().tunables.upgrade_timeout_ms} * 1000000;

@@ -53,12 +53,33 @@ void adopt_received_fds(const struct msghdr* m) {
         continue;
       }
       int fl = real().fcntl(fd, F_GETFL);
-      track_new(fd, domain, listening ? Role::kListener : Role::kAccepted, fl >= 0 && (fl & O_NONBLOCK));
-      if (!listening)
+      const bool nonblocking = fl >= 0 && (fl & O_NONBLOCK);
+      if (listening) {
+        // A listener another process holds too (a master handing its
+        // listeners over): serve its rdma_cm side through the port's named
+        // table, as listen() on it would.
+        track_new(fd, domain, Role::kListener, nonblocking);
         if (auto s = socket::lookup(fd)) {
-          s->open_stats(fd, stats::Direction::kServer, nullptr, nullptr, true);
-          socket::adopt_passed(s.get(), fd);  // its sender may have left it to upgrade here
+          s->received.store(true, std::memory_order_relaxed);
+          socket::listener_started(s.get(), fd, /*shared=*/true);
+          s->upgrade_decided.store(true, std::memory_order_release);
         }
+        continue;
+      }
+      sockaddr_storage peer{};
+      socklen_t pl = sizeof peer;
+      if (real().getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {
+        // Not connected: a bound socket the receiver will listen() on (Node's
+        // cluster in its shared-handle mode) or connect() with.
+        track_new(fd, domain, Role::kUnknown, nonblocking);
+        if (auto s = socket::lookup(fd)) s->received.store(true, std::memory_order_relaxed);
+        continue;
+      }
+      track_new(fd, domain, Role::kAccepted, nonblocking);
+      if (auto s = socket::lookup(fd)) {
+        s->open_stats(fd, stats::Direction::kServer, nullptr, nullptr, true);
+        socket::adopt_passed(s.get(), fd);  // its sender may have left it to upgrade here
+      }
     }
   }
 }
@@ -179,7 +200,7 @@ RSOCK_HOOK int listen(int fd, int backlog) noexcept {
   int r = real().listen(fd, backlog);
   if (auto s = h.tracked(fd); s && r == 0) {
     s->set_role(Role::kListener);
-    rsock::socket::listener_started(s.get(), fd);
+    rsock::socket::listener_started(s.get(), fd, s->received.load(std::memory_order_relaxed));
     s->upgrade_decided.store(true, std::memory_order_release);
   }
   return h.pass(r);

@@ -181,7 +181,7 @@ void adopt_connected(int fd, Adopted* seen, int* nseen) {
   t->install(fd, s.get());
   LOG_INFO("fd %d: a TCP listening socket inherited across exec; serving its rdma_cm side as "
            "listen() would", fd);
-  listener_started(s.get(), fd, /*across_exec=*/true);
+  listener_started(s.get(), fd, /*shared=*/true);
   s->upgrade_decided.store(true, std::memory_order_release);
 }
 

@@ -1690,7 +1690,7 @@ void adopt_inherited_connection(Socket* s, int fd, uint64_t tx, uint64_t rx) {
   add_awaiting(st);
 }
 
-void listener_started(Socket* s, int fd, bool across_exec) {
+void listener_started(Socket* s, int fd, bool shared) {
   sockaddr_storage local{};
   socklen_t ll = sizeof local;
   if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return;
@@ -1738,10 +1738,11 @@ void listener_started(Socket* s, int fd, bool across_exec) {
   socklen_t rl = sizeof reuse;
   bool group = sys::libc.getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &reuse, &rl) == 0 && reuse;
   auto l = open_cm_listener(local, cm_port_of(port), v6only != 0);
-  // A socket inherited across exec shares no memory with the process that
-  // holds its port's listener, nor with its siblings: they all meet in the
-  // port's named table, as a SO_REUSEPORT group does.
-  group = group || across_exec;
+  // A socket inherited across exec or received with SCM_RIGHTS shares no
+  // memory with the process that holds its port's listener, nor with its
+  // siblings: they all meet in the port's named table, as a SO_REUSEPORT
+  // group does.
+  group = group || shared;
   if (!l && group && l.error() == EADDRINUSE) {
     // Another process of this SO_REUSEPORT group holds the port's rdma_cm
     // listener: like a preforked worker, this one has its connections'
@@ -1751,7 +1752,7 @@ void listener_started(Socket* s, int fd, bool across_exec) {
       g_inherited_listeners.push_back({s, t, port, local, v6only != 0});
       g_unwatched_inherited.fetch_add(1, std::memory_order_relaxed);
       LOG_DEBUG("TCP port %u: %s, another process holds its rdma_cm listener (pid %d)",
-                unsigned(port), across_exec ? "inherited across exec" : "SO_REUSEPORT",
+                unsigned(port), shared ? "inherited or received" : "SO_REUSEPORT",
                 int(listen_share::owner(t)));
       return;
     }
@@ -2105,17 +2106,20 @@ int kept_on_exec(Socket* s, int* out) {
 }
 }  // namespace
 
-void progress_before_exec(bool replaces) {
-  std::lock_guard lk(g_mu);
-  const auto& tun = process_config().tunables;
-  // A listening socket the new program keeps: it will publish the
-  // connections it accepts in the port's named table, since the owner's
-  // table (anonymous, passed by fork) does not survive the exec. The owner
-  // is told to look there (mark_exec), and the named table names it, so
-  // that the new program watches it and takes over when it exits.
+namespace {
+// Under g_mu: the listening sockets for which keep(socket) holds go to a
+// process that shares no memory with this one (an exec that keeps them, an
+// SCM_RIGHTS message): it will publish the connections it accepts in the
+// port's named table. The owner of the port's rdma_cm listener is told to
+// look there (mark_exec on its anonymous table; named_share), and the named
+// table names it, so that the other process watches it and takes over when
+// it exits. For a socket this process only joined (inherited listeners),
+// the owner is another process: its table is marked for it.
+template <typename Keep>
+void name_kept_listeners(Keep&& keep) {
   for (auto& il : g_inherited_listeners) {
     // (No socket: a port watched for adopted connections, no listener to keep.)
-    if (il.share == nullptr || !il.socket || closes_on_exec(il.socket)) continue;
+    if (il.share == nullptr || !il.socket || !keep(il.socket)) continue;
     listen_share::mark_exec(il.share);
     if (!listen_share::exec_marked(il.share)) continue;  // a named table already
     if (!il.named)
@@ -2123,6 +2127,25 @@ void progress_before_exec(bool replaces) {
     if (il.named && listen_share::owner(il.share) > 0)
       listen_share::set_owner(il.named, listen_share::owner(il.share));
   }
+  for (auto& l : g_listeners) {
+    if (!l.listener || l.alias || !l.socket || !keep(l.socket)) continue;
+    listen_share::mark_exec(l.share);
+    (void)named_share(l);
+  }
+}
+}  // namespace
+
+void listener_passing(Socket* s) {
+  std::lock_guard lk(g_mu);
+  name_kept_listeners([s](Socket* x) { return x == s; });
+}
+
+void progress_before_exec(bool replaces) {
+  std::lock_guard lk(g_mu);
+  const auto& tun = process_config().tunables;
+  // A listening socket the new program keeps: it will publish the
+  // connections it accepts in the port's named table, since the owner's
+  // table (anonymous, passed by fork) does not survive the exec.
   // (posix_spawn: this process goes on as the owner. An exec in place takes
   // the listener with the image; the new one binds the port again and
   // serves it through the port's named table, since the anonymous one dies
@@ -2130,11 +2153,7 @@ void progress_before_exec(bool replaces) {
   // that re-execs itself under its workers) are told to publish there
   // (the mark; start_server_upgrade), and the named table names this pid,
   // the new image's too.)
-  for (auto& l : g_listeners) {
-    if (!l.listener || l.alias || !l.socket || closes_on_exec(l.socket)) continue;
-    listen_share::mark_exec(l.share);
-    (void)named_share(l);
-  }
+  name_kept_listeners([](Socket* s) { return !closes_on_exec(s); });
   // A port's rdma_cm listener held for adopted connections (no TCP
   // listening socket) goes with this image: the other processes that
   // watch it take over (retry_take_overs sees the name change), or the

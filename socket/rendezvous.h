@@ -50,10 +50,19 @@ void adopt_inherited_sockets();
 // table, where this one publishes its own side listener.
 void adopt_inherited_connection(Socket* s, int fd, uint64_t tx, uint64_t rx);
 // listen() succeeded on a tracked socket: open its rdma_cm listener if the
-// config allows RDMA for it. `across_exec`: a listening socket this image
-// inherited; if another process holds its port's rdma_cm listener (the
-// process that forked and exec'd us), join it as a preforked worker would.
-void listener_started(Socket* s, int fd, bool across_exec = false);
+// config allows RDMA for it. `shared`: a listening socket other processes
+// may hold too, which this one did not create (inherited across exec, or
+// received with SCM_RIGHTS): it meets them in the port's named table; if
+// another process holds the port's rdma_cm listener (the process that
+// forked and exec'd us, or sent us the socket), join it as a preforked
+// worker would.
+void listener_started(Socket* s, int fd, bool shared = false);
+// A tracked listening socket `s` is about to go out with SCM_RIGHTS (a
+// master handing its listeners to a new process, as HAProxy's reload
+// does): as for an exec that keeps it, this process's rdma_cm listener
+// looks in the port's named table too, where the receiver publishes the
+// connections it accepts, and names this process there for it to watch.
+void listener_passing(Socket* s);
 // The socket is being freed: drop its rdma_cm listener and hand its stream
 // (if any) to the progress thread for an orderly close.
 void socket_released(Socket* s);

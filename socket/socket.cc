@@ -47,6 +47,7 @@ void Socket::init(int domain, Role role, bool nonblocking) {
   epoll_users.store(0, std::memory_order_relaxed);
   epoll_regs.store(0, std::memory_order_relaxed);
   upgrade_decided.store(false, std::memory_order_relaxed);
+  received.store(false, std::memory_order_relaxed);
   // Publishing the count last: a stale reader's try_ref() can only succeed
   // once the object is fully initialised.
   refs_.store(1, std::memory_order_release);

@@ -100,6 +100,11 @@ class Socket {
   // registration of ours, and the epoll_ctl hook passes straight to the
   // kernel (pass-through cost), unless one exists from before.
   std::atomic<bool> upgrade_decided{false};
+  // Arrived with SCM_RIGHTS: other processes may hold the same socket (Node's
+  // cluster primary binds a socket and sends it to every worker, which
+  // listen()s on it). A listener on such a socket meets the others in its
+  // port's named table (listener_started's `shared`).
+  std::atomic<bool> received{false};
   // Every user-space epoll registration of this socket (readiness.cc),
   // linked through EpollWatch::wnext under watch_lock (a spin lock, the
   // innermost of all). Its stream's wake() pushes each onto its set's ready

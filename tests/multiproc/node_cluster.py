@@ -1,6 +1,13 @@
 #!/usr/bin/env python3
-# node_cluster.py ADDR -- issue 12, fd passing with an unmodified program:
-# Node's cluster module (tests/multiproc/node_cluster.js). Its primary
+# node_cluster.py ADDR [--shared] -- issue 12, fd passing with an unmodified
+# program: Node's cluster module (tests/multiproc/node_cluster.js).
+# --shared: its shared-handle mode (SCHED_NONE). The primary binds the
+# listening socket without listen() and sends it to both workers over
+# SCM_RIGHTS; each worker listen()s on its copy and accepts on it. The
+# first worker to listen holds the port's rdma_cm listener, the other
+# publishes its connections in the port's named table (docs/DESIGN.md,
+# "Listening sockets received with SCM_RIGHTS"), so again every connection
+# must reach RDMA in the worker that accepted it. Otherwise its primary
 # accepts every connection and hands it to one of two worker processes over
 # SCM_RIGHTS; the workers are fork + exec'd node processes. Run preloaded
 # in the RDMA VM (ctest sets LD_PRELOAD for node and for these clients):
@@ -17,7 +24,9 @@ import os, shutil, signal, subprocess, sys, time
 
 from rdma_env import held_echoes, report_forked_server, skip_unless_rdma
 
-ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+ADDR = args[0] if args else "10.77.0.1"
+MODE = "shared" if "--shared" in sys.argv else "rr"
 skip_unless_rdma(ADDR)
 node = shutil.which("node") or shutil.which("nodejs")
 if not node:
@@ -26,7 +35,7 @@ if not node:
 CONNS, N = 12, 2 * 1024 * 1024
 here = os.path.dirname(os.path.abspath(__file__))
 # A new V8 under TCG: no JIT tiers that the emulator is known to trip over.
-srv = subprocess.Popen([node, "--jitless", os.path.join(here, "node_cluster.js"), ADDR, "2"],
+srv = subprocess.Popen([node, "--jitless", os.path.join(here, "node_cluster.js"), ADDR, "2", MODE],
                        stdout=subprocess.PIPE, text=True)
 port = None
 deadline = time.time() + 120
@@ -49,4 +58,4 @@ try:
     srv.wait(30)
 except subprocess.TimeoutExpired:
     srv.kill()
-sys.exit(report_forked_server("node_cluster", results, seen, whys, owners, srv.pid, counts))
+sys.exit(report_forked_server("node_cluster" + ("_shared" if MODE == "shared" else ""), results, seen, whys, owners, srv.pid, counts))

@@ -17,6 +17,12 @@
 # --reuseport-each: each worker opens its own SO_REUSEPORT socket on the
 # port after the fork (processes that share no librsock state: only the
 # group's named table).
+# --passed: the master hands its listening socket to WORKERS new processes
+# (fork + exec, nothing inherited) over UNIX sockets with SCM_RIGHTS, as
+# HAProxy's reload or a supervisor's fd store does, and sleeps holding the
+# port's rdma_cm listener: half the connections come then (the master
+# redirects them through the port's named table), the other half after
+# the master exited (a worker took the listener over).
 # --master-reexecs: the master execs itself in place 2 s after forking the
 # workers (a binary upgrade or reload that keeps the listening socket, its
 # pid and its workers); the new image only sleeps. Its rdma_cm listener is
@@ -45,6 +51,7 @@ if len(sys.argv) > 3 and sys.argv[2] == "--reexeced-master":
     keep = socket.socket(fileno=int(sys.argv[3]))
     while True:
         signal.pause()
+PASSED = "--passed" in sys.argv
 REUSEPORT = "--reuseport" in sys.argv
 REUSEPORT_EACH = "--reuseport-each" in sys.argv
 skip_unless_rdma(ADDR)
@@ -78,6 +85,22 @@ def worker(srv, ready=None):
         threading.Thread(target=serve, args=(c,), daemon=True).start()
 
 
+def received_worker(unix_fd):
+    # A worker exec'd with nothing but a UNIX socket: the listener comes
+    # over it.
+    u = socket.socket(fileno=unix_fd)
+    _, fds, _, _ = socket.recv_fds(u, 1, 1)
+    srv = socket.socket(fileno=fds[0])
+    u.send(b"r")
+    worker(srv)
+
+
+if len(sys.argv) > 4 and sys.argv[2] == "--received-worker":
+    tag = sys.argv[4]
+    received_worker(int(sys.argv[3]))
+    os._exit(0)
+
+
 def reap(*_):
     # A worker that dies (a crash prints nothing when the sanitizers leave
     # SIGSEGV alone) is named in the report, with how it died.
@@ -108,7 +131,17 @@ def master(wfd):
         socks.append(srv)
     rr, rw = os.pipe()
     pids = []
-    for i in range(WORKERS):
+    for i in range(WORKERS if PASSED else 0):
+        a, b = socket.socketpair()
+        p = subprocess.Popen([sys.executable, os.path.abspath(__file__), ADDR, "--received-worker",
+                              str(b.fileno()), tag], pass_fds=[b.fileno()])
+        b.close()
+        socket.send_fds(a, [b"L"], [socks[0].fileno()])
+        a.recv(1)  # it accepts from now on
+        pids.append(p.pid)
+    if PASSED:
+        signal.signal(signal.SIGUSR1, lambda *_: os._exit(0))
+    for i in range(0 if PASSED else WORKERS):
         pid = os.fork()
         if pid == 0:
             worker(socks[i % len(socks)], rw if REUSEPORT_EACH else None)
@@ -170,13 +203,24 @@ if MASTER_REEXECS:
 # Every connection's echo is back and the connection still open when the QPs
 # are listed, however quickly (or slowly) the transfers ran.
 counts = [[] for _ in range(CONNS)]
-results, transports, whys, qp_seen = held_echoes(ADDR, port, CONNS, N, counts)
+if PASSED:
+    # Half while the master holds the rdma_cm listener, half once it exited.
+    half = CONNS // 2
+    results, transports, whys, qp_seen = held_echoes(ADDR, port, half, N, counts[:half])
+    os.kill(mpid, signal.SIGUSR1)
+    os.waitpid(mpid, 0)
+    time.sleep(3)  # a worker's takeover (its watch of the master's pidfd)
+    more = held_echoes(ADDR, port, CONNS - half, N, counts[half:])
+    results, transports, whys = results + more[0], transports + more[1], whys + more[2]
+    qp_seen |= more[3]
+else:
+    results, transports, whys, qp_seen = held_echoes(ADDR, port, CONNS, N, counts)
 time.sleep(0.5)  # the workers' served files
 died = []
 if os.path.exists(tag + ".died"):
     died = open(tag + ".died").read().splitlines()
 os.killpg(mpid, signal.SIGKILL)
-if not MASTER_EXITS:
+if not (MASTER_EXITS or PASSED):
     os.waitpid(mpid, 0)
 served = {}
 for name in os.listdir("/tmp"):
@@ -190,7 +234,7 @@ qp_workers = qp_seen & worker_pids
 ok, rdma, share, total, counted = tally(results, transports, counts)
 print("prefork%s: %d/%d echoes exact, %d/%d connections on RDMA, %.1f %% of %d bytes over RDMA, "
       "served per worker %s, workers with RC QPs in RTS: %d, master with RC QPs: %s"
-      % (" (master exited)" if MASTER_EXITS else " (master re-exec'd)" if MASTER_REEXECS else " (master closed its socket)" if MASTER_CLOSES else " (SO_REUSEPORT)" if REUSEPORT else
+      % (" (master exited)" if MASTER_EXITS else " (listener passed)" if PASSED else " (master re-exec'd)" if MASTER_REEXECS else " (master closed its socket)" if MASTER_CLOSES else " (SO_REUSEPORT)" if REUSEPORT else
          " (SO_REUSEPORT in each worker)" if REUSEPORT_EACH else "", ok,
          CONNS, rdma, CONNS, 100 * share, total, sorted(served.values()), len(qp_workers),
          mpid in qp_seen))
