@@ -54,6 +54,19 @@ bool debug_break_switch() {
   return on;
 }
 
+// RSOCK_DEBUG_REVERT_AT_SWITCH=1 (tests only): a server switches back the
+// moment its switch ends (as a fork right then does), and a client reads
+// the server's marker only once its RDMA connection died, so that the
+// server's record always meets a client still switching
+// (upgrade.switch.i_peer_reverts_at_switch; Stream::maybe_join_revert).
+bool debug_revert_at_switch() {
+  static const bool on = [] {
+    const char* e = getenv("RSOCK_DEBUG_REVERT_AT_SWITCH");
+    return e != nullptr && e[0] == '1';
+  }();
+  return on;
+}
+
 // rdma_cm events reach a connection through the shared channel (cm_hub):
 // its waiters look again.
 void notify_stream(void* st) { static_cast<Stream*>(st)->wake(); }
@@ -1585,7 +1598,12 @@ bool Stream::advance_locked(bool full) {
   }
   if (phase() == Phase::kSwitching) {
     if (!rdma_dead_) write_marker();
-    drain_tcp();
+    // (The test's client waits only for a QP that died: one the server
+    // closed after its FIN on RDMA is met on RDMA, peer_left_open below.)
+    if (!(client_ && !rdma_dead_ && out_marker_off_ == sizeof out_marker_ && !conn_->eof() &&
+          debug_revert_at_switch()))
+      drain_tcp();
+    if (maybe_join_revert()) return true;
     if (phase() == Phase::kSwitching && !rdma_dead_ && verified_ &&
         out_marker_off_ == sizeof out_marker_) {
       set_phase(Phase::kRdma);
@@ -1602,6 +1620,9 @@ bool Stream::advance_locked(bool full) {
       // io_uring was set up while this switch ran (progress_io_uring_started
       // hands off only connections already on RDMA): straight back.
       if (io_uring_started()) (void)revert_locked(RevertMode::kHandOff, stats::FallbackReason::kIoUring);
+      else if (!client_ && debug_revert_at_switch())
+        (void)revert_locked(RevertMode::kKeep, stats::FallbackReason::kReleased, true,
+                            /*may_return=*/false);
     }
   }
   if (!conn_ || phase() == Phase::kReverting) return true;  // back to TCP just now
@@ -1627,6 +1648,28 @@ bool Stream::advance_locked(bool full) {
   return p0 != phase() || conn_->readable() != before_r || conn_->writable() != before_w ||
          conn_->eof() != before_eof || conn_->error() != before_err ||
          switch_state() != before_sw;
+}
+
+// Under mu_: the switch's RDMA connection died after our whole marker went
+// into TCP, and the peer's marker is verified: the peer finished its side
+// and switched back at once (fork hands the connection off before it
+// returns, and so does an fd pass; or its path failed), or its process
+// went. Its record (or its EOF) follows its marker, so join its reverse
+// switch as if we had reached RDMA, with none of our bytes on it. Before,
+// this read as the peer gone: our writes failed with EPIPE, and the peer,
+// waiting for our record, reset the connection after 30 s (a
+// ForkingTCPServer's client, about one run in fifteen of
+// multiproc.forking_server). True if the phase changed.
+bool Stream::maybe_join_revert() {
+  if (phase() != Phase::kSwitching || !rdma_dead_ || !verified_ || !conn_ ||
+      out_marker_off_ != sizeof out_marker_ || version_ < wire::kRevertVersion)
+    return false;
+  rdma_dead_ = false;
+  set_phase(Phase::kRdma);
+  if (revert_locked(RevertMode::kKeep, failure_reason())) return true;
+  set_phase(Phase::kSwitching);
+  rdma_dead_ = true;
+  return false;
 }
 
 // The RDMA connection died before the switch completed (typically: the peer

@@ -520,6 +520,17 @@ class Stream {
            held_cap_ > 0 && !(flags & MSG_OOB);
   }
   bool held_pending() const { return held_off_ < held_.size(); }
+  // Under mu_: the switch's RDMA connection died after our marker started
+  // and the switch cannot end in the peer's reverse switch: our marker is
+  // incomplete (the peer cannot have verified it), the peer's TCP ended
+  // before its marker, or it speaks no reverse switch. Our writes fail
+  // (EPIPE) and what they held is dropped, as a kernel socket's would be.
+  bool switch_dead_end() const {
+    return rdma_dead_ && out_marker_off_ > 0 &&
+           (out_marker_off_ < sizeof out_marker_ || (tcp_eof_ && !verified_) ||
+            version_ < wire::kRevertVersion);
+  }
+  bool maybe_join_revert();
   size_t hold(std::span<const iovec> iov);
   // Sends what it can of held_; true once it is empty (or can never go:
   // the connection broke, as bytes in a kernel socket's queue would).

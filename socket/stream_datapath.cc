@@ -152,6 +152,8 @@ Status<size_t> Stream::try_recv_source(std::span<const iovec> iov, int flags) {
   }
   // 3. Draining to the peer's offer / checking its marker: not yet.
   if (!verified_) return tcp_eof_ ? Status<size_t>(size_t{0}) : Err(EAGAIN);
+  // (The peer switched back right after the switch: its record follows.)
+  if (maybe_join_revert()) return try_recv_source(iov, flags);
   if (rdma_dead_ || !conn_) return size_t{0};  // peer went away mid-switch: EOF
   // 4. On RDMA.
   auto r = conn_->recv(iov, peek);
@@ -186,7 +188,10 @@ Status<size_t> Stream::try_send(std::span<const iovec> iov, int flags) {
     start_early_if_streaming();
     return size_t(r);
   }
-  if (p != Phase::kRdma) return rdma_dead_ && out_marker_off_ > 0 ? Err(EPIPE) : Err(EAGAIN);
+  if (p != Phase::kRdma) {
+    if (maybe_join_revert()) return Err(EAGAIN);  // our bytes go on TCP after the records
+    return switch_dead_end() ? Err(EPIPE) : Err(EAGAIN);
+  }
   auto r = conn_->send(iov);
   if (!r && r.error() == EPIPE && conn_->peer_left_open()) {
     // The peer switched back to TCP after its FIN: our bytes go there. Its
@@ -230,7 +235,7 @@ bool Stream::flush_held() {
     Phase p = phase();
     std::byte* b = held_.data() + held_off_;
     size_t n = held_.size() - held_off_;
-    if (p == Phase::kBroken || (rdma_dead_ && out_marker_off_ > 0)) {
+    if (p == Phase::kBroken || switch_dead_end()) {
       held_off_ = held_.size();  // reset: lost, as a kernel socket's queue would be
       break;
     }
@@ -459,6 +464,7 @@ Status<void> Stream::shutdown(int how) {
 
 short Stream::events_locked(short interest) {
   short ev = 0;
+  (void)maybe_join_revert();  // (not EOF: the peer's record follows its marker)
   Phase p = phase();
   if (p == Phase::kBroken) return POLLERR | POLLHUP | (interest & (POLLIN | POLLOUT));
   bool staged = staging_.size() > staging_off_;
@@ -487,7 +493,7 @@ short Stream::events_locked(short interest) {
   // Writable.
   if (tcp_tx_open()) {
     ev |= kernel & (POLLOUT | POLLERR | POLLHUP);
-  } else if (wr_shut_ || (rdma_dead_ && out_marker_off_ > 0)) {
+  } else if (wr_shut_ || switch_dead_end()) {
     ev |= POLLOUT;  // the write fails at once (EPIPE), as the kernel's does
   } else if (p == Phase::kRdma && conn_->writable() > 0) {
     ev |= POLLOUT;
