@@ -18,6 +18,7 @@
 // it, so it is adopted here as an accepted connection, at the stream
 // positions the kernel counts for it.
 #include <dirent.h>
+#include <cerrno>
 #include <fcntl.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
@@ -51,7 +52,10 @@ namespace {
 // 4.1 and 4.2), the connection is not ESTABLISHED (the peer's FIN counts as
 // a received byte and no switch follows it), or its counts kept changing
 // between our looks (eight tries: a peer that streams at it).
-bool kernel_positions(int fd, uint64_t* tx, uint64_t* rx) {
+// A client's count of acknowledged bytes includes its SYN (the peer's ACK
+// of it moves snd_una by one; an accepted socket's starts past it): `client`
+// takes it off.
+bool kernel_positions(int fd, bool client, uint64_t* tx, uint64_t* rx) {
   constexpr uint8_t kTcpEstablished = 1;  // (include/net/tcp_states.h)
   constexpr socklen_t kNeed = offsetof(tcp_info, tcpi_bytes_received) + sizeof(uint64_t);
   for (int tries = 0; tries < 8; tries++) {
@@ -72,8 +76,8 @@ bool kernel_positions(int fd, uint64_t* tx, uint64_t* rx) {
     // queue read between them: look again.
     if (a.tcpi_bytes_acked != b.tcpi_bytes_acked || a.tcpi_bytes_received != b.tcpi_bytes_received)
       continue;
-    if (a.tcpi_bytes_received < uint64_t(inq)) return false;
-    *tx = a.tcpi_bytes_acked + uint64_t(outq);
+    if (a.tcpi_bytes_received < uint64_t(inq) || (client && a.tcpi_bytes_acked == 0)) return false;
+    *tx = a.tcpi_bytes_acked - (client ? 1 : 0) + uint64_t(outq);
     *rx = a.tcpi_bytes_received - uint64_t(inq);
     return true;
   }
@@ -119,6 +123,97 @@ bool parent_runs_librsock() {
   return found;
 }
 
+// Whether a TCP socket listens on `port` (any address) in this network
+// namespace: then a connection whose local port it is was accepted there,
+// else it was connect()ed (the listening socket may be long gone: a server
+// that accepted, forked and closed; the exec'd child is still a server's,
+// and a client's request would go to its peer's ephemeral port). Read
+// from /proc/net/tcp and tcp6 with raw syscalls (no allocation), which list
+// listening sockets first: the read stops at the first line in another
+// state. No /proc: taken for a listener (the server's side, as before).
+[[gnu::noinline]] bool port_has_listener(uint16_t port) {
+  static const char* const kFiles[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+  bool readable = false;
+  for (const char* path : kFiles) {
+    int fd = int(syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC));
+    if (fd < 0) continue;
+    readable = true;
+    char buf[768];
+    size_t have = 0;
+    bool done = false, found = false;
+    while (!done) {
+      long n = syscall(SYS_read, fd, buf + have, sizeof buf - 1 - have);
+      if (n <= 0) break;
+      have += size_t(n);
+      buf[have] = 0;
+      char* line = buf;
+      for (char* nl; !done && (nl = strchr(line, '\n')) != nullptr; line = nl + 1) {
+        *nl = 0;
+        // "  sl: local_address rem_address st ...": tokens 1 and 3.
+        char* tok[4] = {};
+        int nt = 0;
+        for (char* p = line; *p && nt < 4;) {
+          while (*p == ' ') p++;
+          if (!*p) break;
+          tok[nt++] = p;
+          while (*p && *p != ' ') p++;
+        }
+        if (nt < 4) continue;
+        const char* colon = strchr(tok[1], ':');
+        if (colon == nullptr || colon > tok[2]) continue;  // the header
+        if (strncmp(tok[3], "0A", 2) != 0) {
+          done = true;  // past the listening sockets
+          break;
+        }
+        if (strtoul(colon + 1, nullptr, 16) == port) found = done = true;
+      }
+      if (found) break;
+      // Keep a partial line; a line longer than the buffer is dropped.
+      size_t rest = have - size_t(line - buf);
+      if (rest >= sizeof buf - 1) rest = 0;
+      memmove(buf, line, rest);
+      have = rest;
+    }
+    syscall(SYS_close, fd);
+    if (found) return true;
+  }
+  return !readable;
+}
+
+// Whether our parent process holds socket `ino` (one of its fds names it).
+// A parent that runs librsock and does may go on using the connection; one
+// that does not (it exec'd a plain program that connected: `env -u
+// LD_PRELOAD socat TCP:... EXEC:...,nofork`, or it closed its copy) leaves
+// it to us. Read only for a parent that runs librsock; one whose fds we may
+// not read counts as holding it.
+[[gnu::noinline]] bool parent_holds(uint64_t ino) {
+  char path[40];
+  snprintf(path, sizeof path, "/proc/%d/fd", int(getppid()));
+  int dir = int(syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir < 0) return true;
+  char want[40];
+  const int wl = snprintf(want, sizeof want, "socket:[%llu]", (unsigned long long)ino);
+  alignas(8) char buf[512];
+  bool held = false, readable = true;
+  for (;;) {
+    long n = syscall(SYS_getdents64, dir, buf, sizeof buf);
+    if (n < 0) readable = false;
+    if (n <= 0) break;
+    for (long off = 0; off < n && !held;) {
+      auto* d = reinterpret_cast<const struct dirent64*>(buf + off);
+      off += d->d_reclen;
+      if (d->d_name[0] == '.') continue;
+      char link[40];
+      long k = syscall(SYS_readlinkat, dir, d->d_name, link, sizeof link);
+      if (k < 0 && errno == EACCES) readable = false;
+      held = k == wl && memcmp(link, want, size_t(wl)) == 0;
+    }
+    if (held || !readable) break;
+  }
+  syscall(SYS_close, dir);
+  return held || !readable;
+}
+
 void adopt_connected(int fd, Adopted* seen, int* nseen) {
   // (The domain first: a UNIX socket, as a service's stdout to the journal
   // is, must not create the fd table.)
@@ -144,19 +239,27 @@ void adopt_connected(int fd, Adopted* seen, int* nseen) {
   if (sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return;
   static int parent_has_us = -1;
   if (parent_has_us < 0) parent_has_us = parent_runs_librsock() ? 1 : 0;
-  if (parent_has_us) return;
+  if (parent_has_us && parent_holds(uint64_t(sb.st_ino))) return;
+  sockaddr_storage local{};
+  socklen_t ll = sizeof local;
+  if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return;
+  // (sin_port and sin6_port are at the same offset.)
+  const bool client = !port_has_listener(ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port));
   uint64_t tx = 0, rx = 0;
-  if (!kernel_positions(fd, &tx, &rx)) return;
+  if (!kernel_positions(fd, client, &tx, &rx)) return;
   int fl = sys::libc.fcntl(fd, F_GETFL);
-  SocketRef s(new_socket(domain, Role::kAccepted, fl >= 0 && (fl & O_NONBLOCK)));
+  SocketRef s(new_socket(domain, client ? Role::kClient : Role::kAccepted,
+                         fl >= 0 && (fl & O_NONBLOCK)));
   if (!s) return;
   t->install(fd, s.get());
   me.socket = s.get();
-  s->open_stats(fd, stats::Direction::kServer, nullptr, nullptr, true);
+  s->open_stats(fd, client ? stats::Direction::kClient : stats::Direction::kServer, nullptr,
+                nullptr, true);
   LOG_DEBUG("fd %d: a TCP connection inherited from a process without librsock, at stream bytes "
-            "out/in %llu/%llu; adopted as a server's", fd, (unsigned long long)tx,
-            (unsigned long long)rx);
-  adopt_inherited_connection(s.get(), fd, tx, rx);
+            "out/in %llu/%llu; adopted as a %s's", fd, (unsigned long long)tx,
+            (unsigned long long)rx, client ? "client" : "server");
+  if (client) adopt_inherited_client(s.get(), fd, tx, rx);
+  else adopt_inherited_connection(s.get(), fd, tx, rx);
   s->upgrade_decided.store(true, std::memory_order_release);
 }
 

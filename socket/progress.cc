@@ -425,6 +425,13 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
       st->fall_back(stats::FallbackReason::kUnsupported);
       return true;
     }
+    if ((rq.flags & wire::kRequestKernel) && !st->counts_tcp_only()) {
+      // The other way round: the client's kernel counted only TCP bytes,
+      // ours count more (RDMA before, other holders). TCP for good.
+      l->listener->reject(std::move(req), transport::RejectReason::kRefused);
+      st->fall_back(stats::FallbackReason::kUnsupported);
+      return true;
+    }
     const uint8_t version = wire::negotiate(rq);
     wire::RendezvousReply rep{wire::kRendezvousMagic, version, {}, st->cookie()};
     auto c = l->listener->accept(std::move(req), std::as_bytes(std::span(&rep, 1)));
@@ -1586,6 +1593,37 @@ void adopt_after_exec() {
     adopt_passed(s.get(), first);
     LOG_DEBUG("fd %d: a connection the previous image held; waiting to upgrade it again", first);
   }
+}
+
+void adopt_inherited_client(Socket* s, int fd, uint64_t tx, uint64_t rx) {
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof local, pl = sizeof peer;
+  if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+      sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+    return;
+  // The checks of a connect() (start_client_upgrade).
+  if (!eligible(config::Direction::kClient, reinterpret_cast<sockaddr*>(&peer)) ||
+      io_uring_started())
+    return;
+  if (negative_cache_hit(peer)) {
+    s->note_fallback(stats::FallbackReason::kNegativeCache);
+    return;
+  }
+  if (!fd_room(s) || !maps_room(s)) return;
+  if (!transport::pinned::fits(process_config().tunables)) {
+    warn_memlock();
+    s->note_fallback(stats::FallbackReason::kMemlock);
+    return;
+  }
+  const uint64_t at[2] = {tx, rx};
+  Stream* st = new_stream(s, fd, true, local, peer, at);
+  if (!st) return;
+  s->set_stream(st);
+  // At once: the server's stream waits upgrade_timeout_ms from its accept,
+  // and the process that connected has spent part of that already.
+  st->request_start(0);
+  std::lock_guard lk(g_mu);
+  poke();
 }
 
 void adopt_inherited_connection(Socket* s, int fd, uint64_t tx, uint64_t rx) {

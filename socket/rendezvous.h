@@ -49,6 +49,12 @@ void adopt_inherited_sockets();
 // process that holds it redirects the request through the port's named
 // table, where this one publishes its own side listener.
 void adopt_inherited_connection(Socket* s, int fd, uint64_t tx, uint64_t rx);
+// The same for a client's connection (its local port has no listener: it
+// was connect()ed, by a process without librsock that exec'd us on it, as
+// socat's EXEC:...,nofork or tcpclient do): a client stream at those
+// positions that starts its rendezvous at once, flagged as counting its
+// kernel's bytes (wire::kRequestKernel).
+void adopt_inherited_client(Socket* s, int fd, uint64_t tx, uint64_t rx);
 // listen() succeeded on a tracked socket: open its rdma_cm listener if the
 // config allows RDMA for it. `shared`: a listening socket other processes
 // may hold too, which this one did not create (inherited across exec, or

@@ -422,7 +422,8 @@ void Stream::connect_locked(uint16_t rport) {
   req.max_version = wire::kRendezvousVersion;
   req.client_port = reinterpret_cast<const sockaddr_in*>(&local_)->sin_port;  // same offset in v6
   req.server_port = reinterpret_cast<const sockaddr_in*>(&peer_)->sin_port;
-  req.flags = reup_ ? wire::kRequestAgain : 0;
+  // (An adopted client that was on RDMA since counts those bytes too: again.)
+  req.flags = reup_ ? wire::kRequestAgain : adopted_ ? wire::kRequestKernel : 0;
   req.cookie = my_cookie_;
   sockaddr_storage dst = cm_address(peer_);
   reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(rport);
@@ -1351,6 +1352,11 @@ void Stream::adopt_inherited(uint64_t tx, uint64_t rx) {
   tcp_tx_ = tx;
   tcp_rx_ = rx;
   adopted_ = true;
+}
+
+bool Stream::counts_tcp_only() {
+  std::lock_guard lk(mu_);
+  return !reup_ && !holders_ && phase() == Phase::kPending && !conn_;
 }
 
 bool Stream::adopted_first_wait() {

@@ -264,6 +264,10 @@ class Stream {
   // Adopted so, and waiting for its first request: its positions are the
   // kernel's TCP counts (never on RDMA, never shared).
   bool adopted_first_wait();
+  // Server, waiting for a request: whether its positions count only bytes
+  // its TCP socket moved (a first wait: never on RDMA, no other holder), as
+  // a client's taken from its kernel's counters do (wire::kRequestKernel).
+  bool counts_tcp_only();
   // The nonblocking first half of hand_off(). at_exit: the process is
   // exiting (no fallback counted, logged at debug level only).
   // A connection on RDMA whose both directions are over

@@ -69,6 +69,12 @@ inline constexpr uint64_t kMarkerMagic = 0x31575348434f5352ull;  // "RSOCKSW1" l
 // positions from those counters (a connection adopted from a process
 // without librsock) refuses such a request while it waits for its first.
 inline constexpr uint8_t kRequestAgain = 1;
+// kRequestKernel: the client's positions came from its kernel's TCP
+// counters (a client connection adopted from a process without librsock,
+// which cannot know whether bytes ever went another way). A server whose
+// own positions count bytes that did not go through its TCP socket (it was
+// on RDMA before, or shares the connection with other holders) refuses it.
+inline constexpr uint8_t kRequestKernel = 2;
 
 struct RendezvousRequest {
   uint32_t magic;
@@ -76,7 +82,7 @@ struct RendezvousRequest {
   uint8_t max_version;   // the highest (0: the same as version)
   uint16_t client_port;  // network order
   uint16_t server_port;  // network order
-  uint8_t flags;         // kRequestAgain; 0 from clients before it
+  uint8_t flags;         // kRequestAgain, kRequestKernel; 0 from clients before them
   uint8_t reserved1[5];
   uint64_t cookie;
 };

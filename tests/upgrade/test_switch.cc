@@ -423,6 +423,13 @@ TEST_CASE("a_bidirectional_across_switch") {
 // TCP with every byte, each end saying path_failed. Before, a stream still
 // switching on a dead RDMA connection never read TCP again: both readers
 // waited for ever (the alarm ends that).
+// getsockopt(SOL_RSOCK, o) of fd as an int; -1 if it fails.
+static int rsock_opt(int fd, int o) {
+  int v = -1;
+  socklen_t l = sizeof v;
+  return getsockopt(fd, SOL_RSOCK, o, &v, &l) == 0 ? v : -1;
+}
+
 TEST_CASE("h_rdma_fails_mid_switch") {
   if (getenv("RSOCK_DEBUG_BREAK_SWITCH") == nullptr) {
     MESSAGE("not run: needs RSOCK_DEBUG_BREAK_SWITCH=1 (ctest sets it)");
@@ -437,13 +444,8 @@ TEST_CASE("h_rdma_fails_mid_switch") {
     CHECK_MESSAGE(e.empty(), e);
     // (A stream that stayed on TCP has no stats slot: the library's own
     // answers, through getsockopt.)
-    auto opt = [](int fd, int o) {
-      int v = -1;
-      socklen_t l = sizeof v;
-      return getsockopt(fd, SOL_RSOCK, o, &v, &l) == 0 ? v : -1;
-    };
-    int tc = opt(p.c, RSOCK_TRANSPORT), ts = opt(p.s, RSOCK_TRANSPORT);
-    int fc = opt(p.c, RSOCK_FALLBACK_REASON), fs = opt(p.s, RSOCK_FALLBACK_REASON);
+    int tc = rsock_opt(p.c, RSOCK_TRANSPORT), ts = rsock_opt(p.s, RSOCK_TRANSPORT);
+    int fc = rsock_opt(p.c, RSOCK_FALLBACK_REASON), fs = rsock_opt(p.s, RSOCK_FALLBACK_REASON);
     INFO("client transport " << tc << " reason " << fc << ", server transport " << ts << " reason " << fs);
     CHECK(tc == RSOCK_TRANSPORT_TCP);
     CHECK(ts == RSOCK_TRANSPORT_TCP);
@@ -475,13 +477,8 @@ TEST_CASE("i_peer_reverts_at_switch") {
     REQUIRE(make_pair(&p));
     std::string e = exchange(p.c, p.s, 4 << 20, random64());
     CHECK_MESSAGE(e.empty(), e);
-    auto opt = [](int fd, int o) {
-      int v = -1;
-      socklen_t l = sizeof v;
-      return getsockopt(fd, SOL_RSOCK, o, &v, &l) == 0 ? v : -1;
-    };
-    int tc = opt(p.c, RSOCK_TRANSPORT), ts = opt(p.s, RSOCK_TRANSPORT);
-    int fc = opt(p.c, RSOCK_FALLBACK_REASON), fs = opt(p.s, RSOCK_FALLBACK_REASON);
+    int tc = rsock_opt(p.c, RSOCK_TRANSPORT), ts = rsock_opt(p.s, RSOCK_TRANSPORT);
+    int fc = rsock_opt(p.c, RSOCK_FALLBACK_REASON), fs = rsock_opt(p.s, RSOCK_FALLBACK_REASON);
     INFO("client transport " << tc << " reason " << fc << ", server transport " << ts
                              << " reason " << fs);
     CHECK(tc == RSOCK_TRANSPORT_TCP);
