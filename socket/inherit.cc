@@ -237,14 +237,21 @@ void adopt_connected(int fd, Adopted* seen, int* nseen) {
   socklen_t pl = sizeof peer;
   // (Not connected: ENOTCONN. A socket in connect() is not ours to adopt.)
   if (sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return;
-  static int parent_has_us = -1;
-  if (parent_has_us < 0) parent_has_us = parent_runs_librsock() ? 1 : 0;
-  if (parent_has_us && parent_holds(uint64_t(sb.st_ino))) return;
   sockaddr_storage local{};
   socklen_t ll = sizeof local;
   if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return;
   // (sin_port and sin6_port are at the same offset.)
   const bool client = !port_has_listener(ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port));
+  // A parent that still holds the socket may go on using it: one that runs
+  // librsock tracks it itself; a client connection that a parent without
+  // librsock holds is one it shares, not one it handed over (a program
+  // that connects and hands over execs in place: socat's nofork,
+  // tcpclient), so that a switch made here could run under its writes. (An
+  // accepted one is adopted even so: inetd closes its copy only after its
+  // fork, and the race would leave its services on TCP.)
+  static int parent_has_us = -1;
+  if (parent_has_us < 0) parent_has_us = parent_runs_librsock() ? 1 : 0;
+  if ((parent_has_us || client) && parent_holds(uint64_t(sb.st_ino))) return;
   uint64_t tx = 0, rx = 0;
   if (!kernel_positions(fd, client, &tx, &rx)) return;
   int fl = sys::libc.fcntl(fd, F_GETFL);

@@ -12,6 +12,9 @@
 #     child starts at stream positions 5/7, then execs the child on that fd;
 #   - socat (unmodified) connects and execs the child as its stdin and
 #     stdout (`EXEC:...,nofork`); the banner is still unread in the kernel.
+#   - once, our connector starts the child (fork + exec) and keeps its copy
+#     of the socket: that child must leave the connection on TCP (a parent
+#     that still holds a client connection shares it).
 # The child (--child, preloaded again) sends 2 MiB of random bytes (a pause
 # after the first 64 KiB, so the switch lands mid-stream), reads everything
 # back in order (the hello's echo or the banner first), and, its connection
@@ -61,8 +64,11 @@ if len(sys.argv) > 2 and sys.argv[1] == "--child":
     s.close()
     sys.exit(0)
 
-if len(sys.argv) > 2 and sys.argv[1] == "--connector":
+if len(sys.argv) > 2 and sys.argv[1] in ("--connector", "--leaker"):
     # Our own connector, run without librsock: hello out, banner in, exec.
+    # --leaker: it starts the child (fork + exec) and keeps its own copy of
+    # the socket open meanwhile, as a program that leaks a connection into
+    # a child does: the child must leave it alone (on TCP).
     addr, port, out = sys.argv[2], int(sys.argv[3]), sys.argv[4]
     c = socket.create_connection((addr, port))
     c.sendall(HELLO)
@@ -70,8 +76,11 @@ if len(sys.argv) > 2 and sys.argv[1] == "--connector":
         sys.exit(3)
     os.set_inheritable(c.fileno(), True)
     env = dict(os.environ, LD_PRELOAD=os.environ["CHILD_PRELOAD"])
-    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), "--child",
-                               str(c.fileno()), HELLO.decode(), out], env)
+    argv = [sys.executable, os.path.abspath(__file__), "--child", str(c.fileno()),
+            HELLO.decode(), out]
+    if sys.argv[1] == "--leaker":
+        sys.exit(subprocess.run(argv, env=env, pass_fds=[c.fileno()]).returncode)
+    os.execve(sys.executable, argv, env)
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 skip_unless_rdma(ADDR)
@@ -101,6 +110,9 @@ for i in range(3):
     out = "/tmp/client-exec-plain.%d.%d" % (os.getpid(), len(runs))
     runs.append(("connector", subprocess.Popen([sys.executable, me, "--connector", ADDR, str(port),
                                                 out], env=plain_env), out))
+out = "/tmp/client-exec-plain.%d.%d" % (os.getpid(), len(runs))
+runs.append(("leaker", subprocess.Popen([sys.executable, me, "--leaker", ADDR, str(port), out],
+                                        env=plain_env), out))
 if socat:
     for i in range(2):
         out = "/tmp/client-exec-plain.%d.%d" % (os.getpid(), len(runs))
@@ -132,6 +144,10 @@ for kind, p, out in runs:
     if not r["exact"]:
         print("FAIL: %s: the echo is wrong" % kind)
         failed += 1
+    elif kind == "leaker":
+        if 2 in r["seen"] or r["qp"]:
+            print("FAIL: leaker: a connection its plain parent still holds must stay on TCP")
+            failed += 1
     elif preload and (2 not in r["seen"] or share < 0.9 or not r["qp"]):
         print("FAIL: %s: the child's connection must reach RDMA (>= 90 %% of its bytes, its "
               "own RC QP in RTS)" % kind)
