@@ -214,6 +214,23 @@ bool parent_runs_librsock() {
   return held || !readable;
 }
 
+// Whether `port` lies in the kernel's range for ports it picks itself
+// (ip_local_port_range: a client's, unless it bound one). No /proc: the
+// default range.
+bool ephemeral_port(uint16_t port) {
+  unsigned lo = 32768, hi = 60999;
+  int fd = int(syscall(SYS_openat, AT_FDCWD, "/proc/sys/net/ipv4/ip_local_port_range",
+                       O_RDONLY | O_CLOEXEC));
+  if (fd >= 0) {
+    char buf[32] = {};
+    long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
+    syscall(SYS_close, fd);
+    unsigned a = 0, b = 0;
+    if (n > 0 && sscanf(buf, "%u %u", &a, &b) == 2 && a <= b) lo = a, hi = b;
+  }
+  return port >= lo && port <= hi;
+}
+
 void adopt_connected(int fd, Adopted* seen, int* nseen) {
   // (The domain first: a UNIX socket, as a service's stdout to the journal
   // is, must not create the fd table.)
@@ -240,8 +257,15 @@ void adopt_connected(int fd, Adopted* seen, int* nseen) {
   sockaddr_storage local{};
   socklen_t ll = sizeof local;
   if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return;
-  // (sin_port and sin6_port are at the same offset.)
-  const bool client = !port_has_listener(ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port));
+  // (sin_port and sin6_port are at the same offset.) Accepted if its port
+  // still listens; else connect()ed, unless the ports say otherwise: a
+  // server's port outside the kernel's own range facing one inside it
+  // (`nc -l -e`, socat's TCP-LISTEN without fork, which close their
+  // listener once they have their connection).
+  const uint16_t lport = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+  const uint16_t pport = ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port);
+  const bool client =
+      !port_has_listener(lport) && !(!ephemeral_port(lport) && ephemeral_port(pport));
   // A parent that still holds the socket may go on using it: one that runs
   // librsock tracks it itself; a client connection that a parent without
   // librsock holds is one it shares, not one it handed over (a program

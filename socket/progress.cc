@@ -1739,6 +1739,11 @@ void listener_started(Socket* s, int fd, bool shared) {
   std::lock_guard lk(g_mu);
   for (auto& e : g_listeners)
     if (e.socket == s) return;  // listen() again on the same socket
+  // (... one that joined another process's listener: a received or
+  // inherited socket, which the program listen()s on again, as Node's
+  // workers do.)
+  for (auto& il : g_inherited_listeners)
+    if (il.socket == s) return;
   uint16_t port = port_of(local);
   for (auto& e : g_listeners) {
     // SO_REUSEPORT: a second socket on a port whose rdma_cm listener we hold

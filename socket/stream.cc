@@ -294,6 +294,7 @@ void Stream::release_owner() {
 
 void Stream::set_phase(Phase p) {
   Phase was = phase_.exchange(p, std::memory_order_acq_rel);
+  if (p == Phase::kRdma) rdma_ever_ = true;
   if (p == Phase::kPlain) governs_.store(false, std::memory_order_release);
   if ((p == Phase::kPlain || p == Phase::kBroken) && holders_) {
     // From here on this process's bytes on the socket go uncounted: no
@@ -1341,6 +1342,7 @@ void Stream::pass_done(bool failed) {
 
 void Stream::adopt_passed(holders::Slot* h) {
   std::lock_guard lk(mu_);
+  rdma_ever_ = true;  // (the sender's history is not in the slot)
   holders_ = h;
   holders::enlist(h);
   count_next_upgrade_ = true;
@@ -1356,7 +1358,7 @@ void Stream::adopt_inherited(uint64_t tx, uint64_t rx) {
 
 bool Stream::counts_tcp_only() {
   std::lock_guard lk(mu_);
-  return !reup_ && !holders_ && phase() == Phase::kPending && !conn_;
+  return !rdma_ever_ && phase() == Phase::kPending && !conn_;
 }
 
 bool Stream::adopted_first_wait() {
@@ -1575,6 +1577,14 @@ bool Stream::advance_locked(bool full) {
       }
       peer_cookie_ = rep.cookie;
       version_ = rep.version;
+      if (adopted_ && !reup_ && version_ < wire::kKernelFlagVersion) {
+        // Positions from our kernel's counters, and a server that cannot
+        // tell whether its own count more: no exact switch. TCP for good.
+        mu_.unlock();
+        fall_back(stats::FallbackReason::kUnsupported);
+        mu_.lock();
+        return true;
+      }
       // The peer runs librsock: a first strike its port took (a server
       // started for a connection, an inetd service's instances that come
       // and go, each binding the port anew) is over, so that the next
@@ -1606,10 +1616,16 @@ bool Stream::advance_locked(bool full) {
     if (!rdma_dead_) write_marker();
     // (The test's client waits only for a QP that died: one the server
     // closed after its FIN on RDMA is met on RDMA, peer_left_open below.)
-    if (!(client_ && !rdma_dead_ && out_marker_off_ == sizeof out_marker_ && !conn_->eof() &&
-          debug_revert_at_switch()))
+    if (!(debug_revert_at_switch() && client_ && !rdma_dead_ &&
+          out_marker_off_ == sizeof out_marker_ && !conn_->eof()))
       drain_tcp();
     if (maybe_join_revert()) return true;
+    if (phase() == Phase::kSwitching && rdma_dead_ && !verified_ && !tcp_eof_ &&
+        out_marker_off_ == sizeof out_marker_ && now_ns() > deadline_ns_) {
+      // Neither the peer's marker nor its EOF came after our QP died.
+      break_connection(ECONNRESET, "the peer's switch marker never came after its QP died");
+      return true;
+    }
     if (phase() == Phase::kSwitching && !rdma_dead_ && verified_ &&
         out_marker_off_ == sizeof out_marker_) {
       set_phase(Phase::kRdma);
@@ -1667,9 +1683,7 @@ bool Stream::advance_locked(bool full) {
 // ForkingTCPServer's client, about one run in fifteen of
 // multiproc.forking_server). True if the phase changed.
 bool Stream::maybe_join_revert() {
-  if (phase() != Phase::kSwitching || !rdma_dead_ || !verified_ || !conn_ ||
-      out_marker_off_ != sizeof out_marker_ || version_ < wire::kRevertVersion)
-    return false;
+  if (!join_pending()) return false;
   rdma_dead_ = false;
   set_phase(Phase::kRdma);
   if (revert_locked(RevertMode::kKeep, failure_reason())) return true;
@@ -1686,6 +1700,10 @@ bool Stream::maybe_join_revert() {
 // writes continue on TCP only if our marker has not started.
 void Stream::rdma_failed_during_switch() {
   rdma_dead_ = true;
+  // Our whole marker is out: the peer's marker (and its record, if it
+  // switched back) or its EOF settles this (maybe_join_revert, drain_tcp),
+  // within the reverse switch's bound.
+  if (out_marker_off_ == sizeof out_marker_) deadline_ns_ = now_ns() + kRevertTimeoutNs;
   if (out_marker_off_ == 0) {
     offer_sent_ = false;  // our TCP direction reopens: held bytes first
     (void)flush_held();

@@ -265,8 +265,10 @@ class Stream {
   // kernel's TCP counts (never on RDMA, never shared).
   bool adopted_first_wait();
   // Server, waiting for a request: whether its positions count only bytes
-  // its TCP socket moved (a first wait: never on RDMA, no other holder), as
-  // a client's taken from its kernel's counters do (wire::kRequestKernel).
+  // that went through its TCP socket (never on RDMA here, nor passed in
+  // from another process), as a client's taken from its kernel's counters
+  // do (wire::kRequestKernel). A fork's other holders count their TCP
+  // bytes too, so a fork-per-connection server qualifies.
   bool counts_tcp_only();
   // The nonblocking first half of hand_off(). at_exit: the process is
   // exiting (no fallback counted, logged at debug level only).
@@ -534,6 +536,13 @@ class Stream {
            (out_marker_off_ < sizeof out_marker_ || (tcp_eof_ && !verified_) ||
             version_ < wire::kRevertVersion);
   }
+  // Under mu_: the switch's RDMA connection died after our whole marker
+  // went out and the peer's marker is verified: its record (or its EOF)
+  // follows, and maybe_join_revert joins its reverse switch.
+  bool join_pending() const {
+    return phase() == Phase::kSwitching && rdma_dead_ && verified_ && conn_ && tcp_fd_ >= 0 &&
+           out_marker_off_ == sizeof out_marker_ && version_ >= wire::kRevertVersion;
+  }
   bool maybe_join_revert();
   size_t hold(std::span<const iovec> iov);
   // Sends what it can of held_; true once it is empty (or can never go:
@@ -612,6 +621,11 @@ class Stream {
   bool late_retried_ = false;
   static constexpr uint64_t kMovedRetryNs = 100'000'000;
   bool adopted_ = false;  // positions from the kernel (adopt_inherited)
+  // Under mu_: the connection was on RDMA in this process (or came from
+  // another one, whose history is unknown): its positions may count bytes
+  // its TCP socket never carried (counts_tcp_only). A fork child's copy
+  // keeps its parent's.
+  bool rdma_ever_ = false;
   std::unique_ptr<transport::Connection> conn_;
   int err_ = 0;
   bool err_reported_ = false;  // err_ went to the application once

@@ -152,8 +152,9 @@ Status<size_t> Stream::try_recv_source(std::span<const iovec> iov, int flags) {
   }
   // 3. Draining to the peer's offer / checking its marker: not yet.
   if (!verified_) return tcp_eof_ ? Status<size_t>(size_t{0}) : Err(EAGAIN);
-  // (The peer switched back right after the switch: its record follows.)
-  if (maybe_join_revert()) return try_recv_source(iov, flags);
+  // (The peer switched back right after the switch: its record follows.
+  // The join may stage its RDMA bytes: they come before anything after.)
+  if (maybe_join_revert()) return try_recv(iov, flags);
   if (rdma_dead_ || !conn_) return size_t{0};  // peer went away mid-switch: EOF
   // 4. On RDMA.
   auto r = conn_->recv(iov, peek);
@@ -464,8 +465,10 @@ Status<void> Stream::shutdown(int how) {
 
 short Stream::events_locked(short interest) {
   short ev = 0;
-  (void)maybe_join_revert();  // (not EOF: the peer's record follows its marker)
   Phase p = phase();
+  // (Not EOF: the peer's record follows its marker. The join itself is
+  // left to advance(): a look at readiness changes nothing.)
+  const bool joining = join_pending();
   if (p == Phase::kBroken) return POLLERR | POLLHUP | (interest & (POLLIN | POLLOUT));
   bool staged = staging_.size() > staging_off_;
   if (p == Phase::kReverting && !down_done_) {
@@ -482,7 +485,7 @@ short Stream::events_locked(short interest) {
   if (staged || rd_shut_) ev |= POLLIN;
   if (tcp_rx_open()) {
     ev |= kernel & (POLLIN | POLLRDHUP | POLLHUP | POLLERR);
-  } else if (verified_) {
+  } else if (verified_ && !joining) {
     if (rdma_dead_ || !conn_ || conn_->readable() > 0 || conn_->eof() || conn_->error())
       ev |= POLLIN;
     if (rdma_dead_ || !conn_ || conn_->eof()) ev |= POLLRDHUP;

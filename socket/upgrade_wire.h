@@ -50,12 +50,13 @@
 namespace rsock::socket::wire {
 
 inline constexpr uint32_t kRendezvousMagic = 0x50555352;  // "RSUP"
-inline constexpr uint8_t kRendezvousVersion = 5;     // the highest we speak
+inline constexpr uint8_t kRendezvousVersion = 6;     // the highest we speak
 inline constexpr uint8_t kRendezvousMinVersion = 1;  // the lowest we speak
 inline constexpr uint8_t kRevertVersion = 2;         // the first with the reverse switch
 inline constexpr uint8_t kRedirectVersion = 3;       // the first that follows a redirect
 inline constexpr uint8_t kReturnVersion = 4;         // the first that returns unread TCP bytes
 inline constexpr uint8_t kPathRecordVersion = 5;     // the first whose DOWN record can say "my path failed"
+inline constexpr uint8_t kKernelFlagVersion = 6;     // the first that heeds the request flag kernel
 // The most of its own pre-switch TCP bytes a peer may ask us to send again
 // (a DOWN record's `resume` below our switch offset). They are what the
 // peer's librsock drained from its kernel socket to reach our marker and the

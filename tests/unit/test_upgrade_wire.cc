@@ -18,10 +18,13 @@ w::RendezvousRequest req(uint8_t lo, uint8_t hi) {
 }  // namespace
 
 TEST_CASE("rendezvous: versions are negotiated") {
-  static_assert(w::kRendezvousMinVersion == 1 && w::kRendezvousVersion == 5);
+  static_assert(w::kRendezvousMinVersion == 1 && w::kRendezvousVersion == 6);
   // This release talking to itself: the reverse switch, redirects,
-  // returned bytes and records that say a failed path are on.
-  CHECK(w::negotiate(req(w::kRendezvousMinVersion, w::kRendezvousVersion)) == 5);
+  // returned bytes, records that say a failed path and the kernel flag are on.
+  CHECK(w::negotiate(req(w::kRendezvousMinVersion, w::kRendezvousVersion)) == 6);
+  // A release of version 5 (records that say a failed path; the request's
+  // kernel flag unknown to it).
+  CHECK(w::negotiate(req(1, 5)) == 5);
   // A release of version 4 (returned bytes, every record "RSOCKDN1").
   CHECK(w::negotiate(req(1, 4)) == 4);
   // A release of version 3 (redirects, no returned bytes).
@@ -30,16 +33,17 @@ TEST_CASE("rendezvous: versions are negotiated") {
   CHECK(w::negotiate(req(1, 2)) == 2);
   // A 0.1.0 client: version 1, max_version 0 (its reserved byte).
   CHECK(w::negotiate(req(1, 0)) == 1);
-  // A later client that still speaks 1..7: we answer with our highest.
-  CHECK(w::negotiate(req(1, 7)) == 5);
+  // A later client that still speaks 1..8: we answer with our highest.
+  CHECK(w::negotiate(req(1, 8)) == 6);
   // A later client that dropped what we speak: no common version.
-  CHECK(w::negotiate(req(6, 7)) == 0);
+  CHECK(w::negotiate(req(7, 8)) == 0);
   CHECK(w::negotiate(req(0, 0)) == 0);
   CHECK(w::negotiate(req(2, 1)) == 0);  // nonsense range
   CHECK(w::kRevertVersion == 2);
   CHECK(w::kRedirectVersion == 3);
   CHECK(w::kReturnVersion == 4);
   CHECK(w::kPathRecordVersion == 5);
+  CHECK(w::kKernelFlagVersion == 6);
 }
 
 TEST_CASE("reverse switch: the record says whether the writer's path failed (version 5)") {
