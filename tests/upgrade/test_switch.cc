@@ -416,13 +416,6 @@ TEST_CASE("a_bidirectional_across_switch") {
   CHECK(vs_rx > 0);
 }
 
-// h. The RDMA connection fails in the middle of the switch: after both ends
-// sent READY, before either marker (RSOCK_DEBUG_BREAK_SWITCH=1, which ctest
-// sets for this case only). Both ends reopen their TCP direction, read the
-// peer's bytes up to its offer and then its data, and the stream ends on
-// TCP with every byte, each end saying path_failed. Before, a stream still
-// switching on a dead RDMA connection never read TCP again: both readers
-// waited for ever (the alarm ends that).
 // getsockopt(SOL_RSOCK, o) of fd as an int; -1 if it fails.
 static int rsock_opt(int fd, int o) {
   int v = -1;
@@ -430,9 +423,14 @@ static int rsock_opt(int fd, int o) {
   return getsockopt(fd, SOL_RSOCK, o, &v, &l) == 0 ? v : -1;
 }
 
-TEST_CASE("h_rdma_fails_mid_switch") {
-  if (getenv("RSOCK_DEBUG_BREAK_SWITCH") == nullptr) {
-    MESSAGE("not run: needs RSOCK_DEBUG_BREAK_SWITCH=1 (ctest sets it)");
+// A case driven by a debug knob (`knob`=1, which ctest sets for that case
+// only): three rounds of 4 MiB each way from connect on; every byte must
+// arrive and both ends must end on TCP. `check(client_reason,
+// server_reason)` judges their fallback reasons.
+template <typename Check>
+static void knob_rounds(const char* knob, Check&& check) {
+  if (getenv(knob) == nullptr) {
+    MESSAGE("not run: needs " << knob << "=1 (ctest sets it)");
     return;
   }
   alarm(120);
@@ -446,53 +444,49 @@ TEST_CASE("h_rdma_fails_mid_switch") {
     // answers, through getsockopt.)
     int tc = rsock_opt(p.c, RSOCK_TRANSPORT), ts = rsock_opt(p.s, RSOCK_TRANSPORT);
     int fc = rsock_opt(p.c, RSOCK_FALLBACK_REASON), fs = rsock_opt(p.s, RSOCK_FALLBACK_REASON);
-    INFO("client transport " << tc << " reason " << fc << ", server transport " << ts << " reason " << fs);
+    INFO("client transport " << tc << " reason " << fc << ", server transport " << ts
+                             << " reason " << fs);
     CHECK(tc == RSOCK_TRANSPORT_TCP);
     CHECK(ts == RSOCK_TRANSPORT_TCP);
-    // The switch got as far as READY and failed there (not a rendezvous
-    // that never started, which would pass vacuously).
-    CHECK(fc == 16);  // path_failed
-    CHECK(fs == 16);
+    check(fc & 0xff, fs & 0xff);
     MESSAGE("every byte on TCP; client reason " << fc << ", server reason " << fs);
   }
   alarm(0);
 }
 
+// h. The RDMA connection fails in the middle of the switch: after both ends
+// sent READY, before either marker (RSOCK_DEBUG_BREAK_SWITCH=1). Both ends
+// reopen their TCP direction, read the peer's bytes up to its offer and
+// then its data, and the stream ends on TCP with every byte, each end
+// saying path_failed. Before, a stream still switching on a dead RDMA
+// connection never read TCP again: both readers waited for ever (the alarm
+// ends that).
+TEST_CASE("h_rdma_fails_mid_switch") {
+  knob_rounds("RSOCK_DEBUG_BREAK_SWITCH", [](int fc, int fs) {
+    // The switch got as far as READY and failed there (not a rendezvous
+    // that never started, which would pass vacuously).
+    CHECK(fc == 16);  // path_failed
+    CHECK(fs == 16);
+  });
+}
+
 // i. The server switches back the moment its switch ends (as a fork right
 // then hands the connection off), while the client has written its marker
-// but not yet read the server's: the client's RDMA connection dies under its
-// switch, and the server's record follows its marker. The client joins that
-// reverse switch; every byte arrives. (Before: the client's writes failed
-// with EPIPE and its reads ended early; the server, waiting for the
-// client's record, reset the connection. Seen as a ForkingTCPServer flake.)
+// but not yet read the server's (RSOCK_DEBUG_REVERT_AT_SWITCH=1): the
+// client's RDMA connection dies under its switch, and the server's record
+// follows its marker. The client joins that reverse switch; every byte
+// arrives. (Before: the client's writes failed with EPIPE and its reads
+// ended early; the server, waiting for the client's record, reset the
+// connection. Seen as a ForkingTCPServer flake.)
 TEST_CASE("i_peer_reverts_at_switch") {
-  if (getenv("RSOCK_DEBUG_REVERT_AT_SWITCH") == nullptr) {
-    MESSAGE("not run: needs RSOCK_DEBUG_REVERT_AT_SWITCH=1 (ctest sets it)");
-    return;
-  }
-  alarm(120);
-  for (int round = 0; round < 3; round++) {
-    CAPTURE(round);
-    Pair p;
-    REQUIRE(make_pair(&p));
-    std::string e = exchange(p.c, p.s, 4 << 20, random64());
-    CHECK_MESSAGE(e.empty(), e);
-    int tc = rsock_opt(p.c, RSOCK_TRANSPORT), ts = rsock_opt(p.s, RSOCK_TRANSPORT);
-    int fc = rsock_opt(p.c, RSOCK_FALLBACK_REASON), fs = rsock_opt(p.s, RSOCK_FALLBACK_REASON);
-    INFO("client transport " << tc << " reason " << fc << ", server transport " << ts
-                             << " reason " << fs);
-    CHECK(tc == RSOCK_TRANSPORT_TCP);
-    CHECK(ts == RSOCK_TRANSPORT_TCP);
+  knob_rounds("RSOCK_DEBUG_REVERT_AT_SWITCH", [](int fc, int fs) {
     // Both ended in the server's reverse switch (released), not in a
     // rendezvous that failed or never started. (The client reads released
     // when the server's record is in its kernel by the time it notices the
     // dead QP, path_failed when the QP's end came first.)
-    CHECK(((fc & 0xff) == 18 || (fc & 0xff) == 16));
-    CHECK((fs & 0xff) == 18);
-    MESSAGE("every byte through the switch back; client reason " << fc << ", server reason "
-                                                                 << fs);
-  }
-  alarm(0);
+    CHECK((fc == 18 || fc == 16));
+    CHECK(fs == 18);
+  });
 }
 
 // b. MSG_PEEK and partial reads across the switch offset.
