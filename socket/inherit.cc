@@ -16,7 +16,9 @@
 // (inetd, systemd's Accept=yes, socat run plain with EXEC:...,nofork) gets
 // the accepted connection as stdin and stdout. Nothing on our side knows
 // it, so it is adopted here as an accepted connection, at the stream
-// positions the kernel counts for it.
+// positions the kernel counts for it; a connect()ed one (socat's
+// TCP:...,EXEC:...,nofork, tcpclient) as a client's, which starts its own
+// rendezvous.
 #include <dirent.h>
 #include <cerrno>
 #include <fcntl.h>
@@ -215,18 +217,22 @@ bool parent_runs_librsock() {
 }
 
 // Whether `port` lies in the kernel's range for ports it picks itself
-// (ip_local_port_range: a client's, unless it bound one). No /proc: the
+// (ip_local_port_range: a client's, unless it bound one). Read once per
+// image (the scan runs before main(), in one thread). No /proc: the
 // default range.
 bool ephemeral_port(uint16_t port) {
-  unsigned lo = 32768, hi = 60999;
-  int fd = int(syscall(SYS_openat, AT_FDCWD, "/proc/sys/net/ipv4/ip_local_port_range",
-                       O_RDONLY | O_CLOEXEC));
-  if (fd >= 0) {
-    char buf[32] = {};
-    long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
-    syscall(SYS_close, fd);
-    unsigned a = 0, b = 0;
-    if (n > 0 && sscanf(buf, "%u %u", &a, &b) == 2 && a <= b) lo = a, hi = b;
+  static unsigned lo = 0, hi = 0;
+  if (hi == 0) {
+    lo = 32768, hi = 60999;
+    int fd = int(syscall(SYS_openat, AT_FDCWD, "/proc/sys/net/ipv4/ip_local_port_range",
+                         O_RDONLY | O_CLOEXEC));
+    if (fd >= 0) {
+      char buf[32] = {};
+      long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
+      syscall(SYS_close, fd);
+      unsigned a = 0, b = 0;
+      if (n > 0 && sscanf(buf, "%u %u", &a, &b) == 2 && a <= b && b > 0) lo = a, hi = b;
+    }
   }
   return port >= lo && port <= hi;
 }
@@ -289,8 +295,12 @@ void adopt_connected(int fd, Adopted* seen, int* nseen) {
   LOG_DEBUG("fd %d: a TCP connection inherited from a process without librsock, at stream bytes "
             "out/in %llu/%llu; adopted as a %s's", fd, (unsigned long long)tx,
             (unsigned long long)rx, client ? "client" : "server");
-  if (client) adopt_inherited_client(s.get(), fd, tx, rx);
-  else adopt_inherited_connection(s.get(), fd, tx, rx);
+  if (client) {
+    const uint64_t at[2] = {tx, rx};
+    (void)start_client_upgrade(s.get(), fd, reinterpret_cast<const sockaddr*>(&peer), &local, at);
+  } else {
+    adopt_inherited_connection(s.get(), fd, local, peer, tx, rx);
+  }
   s->upgrade_decided.store(true, std::memory_order_release);
 }
 

@@ -427,7 +427,7 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
     }
     if ((rq.flags & wire::kRequestKernel) && !st->counts_tcp_only()) {
       // The other way round: the client's kernel counted only TCP bytes,
-      // ours count more (RDMA before, other holders). TCP for good.
+      // ours may count more (RDMA here, or passed in). TCP for good.
       l->listener->reject(std::move(req), transport::RejectReason::kRefused);
       st->fall_back(stats::FallbackReason::kUnsupported);
       return true;
@@ -1317,7 +1317,7 @@ void negative_cache_add(const sockaddr_storage& peer, bool whole_host, bool firs
 }
 
 Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr,
-                             const sockaddr_storage* local_addr) {
+                             const sockaddr_storage* local_addr, const uint64_t* at) {
   if (s->stream() || !eligible(config::Direction::kClient, peer_addr)) return nullptr;
   sockaddr_storage local{}, peer{};
   socklen_t ll = sizeof local;
@@ -1344,7 +1344,7 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr,
     return nullptr;
   }
   if (!maps_room(s)) return nullptr;
-  Stream* st = new_stream(s, fd, true, local, peer);
+  Stream* st = new_stream(s, fd, true, local, peer, at);
   if (!st) return nullptr;
   s->set_stream(st);
   // No poke for a deferred start: the thread looks at active streams at
@@ -1352,8 +1352,10 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr,
   // makes a start that is due (advance_locked). A poke per connect() woke
   // the thread to contend for the registry's lock in the middle of the
   // application's connection setup. An idle connection may so start up to
-  // a tick late; none with upgrade_delay_ms = 0 does.
-  const uint32_t delay_ms = process_config().tunables.upgrade_delay_ms;
+  // a tick late; none with upgrade_delay_ms = 0 does. (An inherited one
+  // starts at once: the process that connected spent part of its server's
+  // window already.)
+  const uint32_t delay_ms = at ? 0 : process_config().tunables.upgrade_delay_ms;
   st->request_start(coarse_now_ns() + uint64_t{delay_ms} * 1000000);
   if (delay_ms == 0) {
     std::lock_guard lk(g_mu);
@@ -1595,45 +1597,10 @@ void adopt_after_exec() {
   }
 }
 
-void adopt_inherited_client(Socket* s, int fd, uint64_t tx, uint64_t rx) {
-  sockaddr_storage local{}, peer{};
-  socklen_t ll = sizeof local, pl = sizeof peer;
-  if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
-      sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
-    return;
-  // The checks of a connect() (start_client_upgrade).
-  if (!eligible(config::Direction::kClient, reinterpret_cast<sockaddr*>(&peer)) ||
-      io_uring_started())
-    return;
-  if (negative_cache_hit(peer)) {
-    s->note_fallback(stats::FallbackReason::kNegativeCache);
-    return;
-  }
-  if (!fd_room(s) || !maps_room(s)) return;
-  if (!transport::pinned::fits(process_config().tunables)) {
-    warn_memlock();
-    s->note_fallback(stats::FallbackReason::kMemlock);
-    return;
-  }
-  const uint64_t at[2] = {tx, rx};
-  Stream* st = new_stream(s, fd, true, local, peer, at);
-  if (!st) return;
-  s->set_stream(st);
-  // At once: the server's stream waits upgrade_timeout_ms from its accept,
-  // and the process that connected has spent part of that already.
-  st->request_start(0);
-  std::lock_guard lk(g_mu);
-  poke();
-}
-
-void adopt_inherited_connection(Socket* s, int fd, uint64_t tx, uint64_t rx) {
-  sockaddr_storage local{}, peer{};
-  socklen_t ll = sizeof local, pl = sizeof peer;
-  if (sys::libc.getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
-      sys::libc.getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
-    return;
-  if (!eligible(config::Direction::kServer, reinterpret_cast<sockaddr*>(&local)) || !fd_room(s) ||
-      !maps_room(s))
+void adopt_inherited_connection(Socket* s, int fd, const sockaddr_storage& local,
+                                const sockaddr_storage& peer, uint64_t tx, uint64_t rx) {
+  if (!eligible(config::Direction::kServer, reinterpret_cast<const sockaddr*>(&local)) ||
+      !fd_room(s) || !maps_room(s))
     return;
   const uint16_t port = port_of(local);
   // Every process that adopts a connection of this address and port meets

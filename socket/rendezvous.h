@@ -16,8 +16,15 @@ class Stream;
 // A tracked socket's connect() was issued (r == 0 or EINPROGRESS): start an
 // upgrade if the connection is eligible. Returns the stream, or nullptr.
 // `local` (optional): the socket's address, if the caller has it (saves a syscall).
+// `at` (optional): stream positions {tx, rx} to start from, for a client's
+// connection inherited from a process without librsock that connect()ed
+// and exec'd us on it (socat's EXEC:...,nofork, tcpclient;
+// adopt_inherited_sockets): its rendezvous starts at once, since the
+// server's stream waits upgrade_timeout_ms from its accept, and is flagged
+// as counting its kernel's bytes (wire::kRequestKernel).
 Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer,
-                             const sockaddr_storage* local = nullptr);
+                             const sockaddr_storage* local = nullptr,
+                             const uint64_t* at = nullptr);
 // accept() returned fd on a listener that has an rdma_cm listener.
 Stream* start_server_upgrade(Socket* listener, Socket* s, int fd,
                              const sockaddr_storage* local = nullptr,
@@ -41,20 +48,16 @@ void adopt_after_exec();
 // librsock) is adopted as an accepted one (adopt_inherited_connection).
 // socket/inherit.cc. A getsockopt per open fd.
 void adopt_inherited_sockets();
-// An established connection Socket `s` at `fd`, inherited from processes
-// without librsock, which moved `tx`/`rx` stream bytes on it before us: a
-// server stream at those positions waits for its client's request. The
+// An established connection Socket `s` at `fd` (addresses `local` and
+// `peer`), accepted by processes without librsock, which moved `tx`/`rx`
+// stream bytes on it before us: a server stream at those positions waits
+// for its client's request. The
 // request reaches the rdma_cm port of the connection's local port, which
 // this process binds if nobody has (and keeps while it lives); else the
 // process that holds it redirects the request through the port's named
 // table, where this one publishes its own side listener.
-void adopt_inherited_connection(Socket* s, int fd, uint64_t tx, uint64_t rx);
-// The same for a client's connection (its local port has no listener: it
-// was connect()ed, by a process without librsock that exec'd us on it, as
-// socat's EXEC:...,nofork or tcpclient do): a client stream at those
-// positions that starts its rendezvous at once, flagged as counting its
-// kernel's bytes (wire::kRequestKernel).
-void adopt_inherited_client(Socket* s, int fd, uint64_t tx, uint64_t rx);
+void adopt_inherited_connection(Socket* s, int fd, const sockaddr_storage& local,
+                                const sockaddr_storage& peer, uint64_t tx, uint64_t rx);
 // listen() succeeded on a tracked socket: open its rdma_cm listener if the
 // config allows RDMA for it. `shared`: a listening socket other processes
 // may hold too, which this one did not create (inherited across exec, or

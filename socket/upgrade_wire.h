@@ -73,8 +73,9 @@ inline constexpr uint8_t kRequestAgain = 1;
 // kRequestKernel: the client's positions came from its kernel's TCP
 // counters (a client connection adopted from a process without librsock,
 // which cannot know whether bytes ever went another way). A server whose
-// own positions count bytes that did not go through its TCP socket (it was
-// on RDMA before, or shares the connection with other holders) refuses it.
+// own positions may count bytes that did not go through its TCP socket (the
+// connection was on RDMA in its process, or was passed in from another
+// process) refuses it (Stream::counts_tcp_only).
 inline constexpr uint8_t kRequestKernel = 2;
 
 struct RendezvousRequest {
