@@ -39,6 +39,7 @@ const KeySpec kKeys[] = {
     {"stats", KeyKind::kBool, nullptr, &Tunables::stats},
     {"debug_checks", KeyKind::kBool, nullptr, &Tunables::debug_checks},
     {"kit_qp_ahead", KeyKind::kBool, nullptr, &Tunables::kit_qp_ahead},
+    {"cq_lazy_arm", KeyKind::kBool, nullptr, &Tunables::cq_lazy_arm},
     {"log_level", KeyKind::kLogLevel},
     {"log_file", KeyKind::kLogFile},
     {"default", KeyKind::kDefault},

@@ -1946,16 +1946,18 @@ void log_exit_summary() {
   // kits_reused: connections whose verbs resources were a closed one's
   // (transport/kit_pool.h); qps_ahead: of those, the ones whose QP was made
   // ahead while the kit was kept (kit_pool::warm); cqs: the shared CQs held
-  // (transport/cq_group.h).
+  // (transport/cq_group.h); cq_arms / cq_events: CQ arms and completion
+  // events read (few while the program is busy: cq_group.h, "Arming").
   LOG_INFO("summary: connections=%llu upgraded=%llu fallbacks=%llu rdma_tx=%llu rdma_rx=%llu "
-           "tcp_tx=%llu tcp_rx=%llu kits_reused=%llu qps_ahead=%llu cqs=%u (bytes: closed "
-           "connections and live upgraded ones; fallbacks:%s)",
+           "tcp_tx=%llu tcp_rx=%llu kits_reused=%llu qps_ahead=%llu cqs=%u cq_arms=%llu "
+           "cq_events=%llu (bytes: closed connections and live upgraded ones; fallbacks:%s)",
            (unsigned long long)pc->conns_seen.load(), (unsigned long long)pc->conns_upgraded.load(),
            (unsigned long long)fallbacks, (unsigned long long)tx[kRdma],
            (unsigned long long)rx[kRdma], (unsigned long long)tx[kTcp], (unsigned long long)rx[kTcp],
            (unsigned long long)transport::kit_pool::reused(),
            (unsigned long long)transport::kit_pool::qps_ahead(), transport::cq_group::groups(),
-           off ? why : " none");
+           (unsigned long long)transport::cq_group::arms(),
+           (unsigned long long)transport::cq_group::events(), off ? why : " none");
 }
 
 namespace {

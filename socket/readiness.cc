@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "socket/signals.h"
 #include "socket/stream.h"
 #include "socket/tcp_hub.h"
+#include "transport/cq_group.h"
 #include "transport/cq_hub.h"
 #include "util/adaptive_spin.h"
 #include "util/clock.h"
@@ -216,7 +218,6 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     auto& wait = ws.sleep_set;
     wait.assign(kfds.begin(), kfds.end());
     bool still = true;  // no stream changed since the scan
-    const int hub = transport::cq_hub::fd();
     size_t hub_at = SIZE_MAX;  // once, not once per stream: every stream shares it
     bool no_wake = false;      // a stream that cannot poke us: sleep in slices
     const size_t wake_at = wait.size();
@@ -226,16 +227,25 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     for (nfds_t i = 0; i < n; i++) {
       if (!streams[i]) continue;
       pollfd w[3];
-      int k = streams[i]->wait_fds(fds[i].events, w);
+      bool cq;  // w[k - 1] is the completion hub (told, not compared with
+                // cq_hub::fd(), which changes when a second device opens)
+      int k = streams[i]->wait_fds(fds[i].events, w, &cq);
       for (int j = 1; j < k; j++) {  // (w[0] is the thread's wake fd)
-        if (w[j].fd == hub && hub_at != SIZE_MAX) continue;
-        if (w[j].fd == hub) hub_at = wait.size();
+        const bool is_hub = cq && j == k - 1;
+        if (is_hub && hub_at != SIZE_MAX) continue;
+        if (is_hub) hub_at = wait.size();
         wait.push_back(w[j]);
       }
       slotted[i] = streams[i]->add_sleeper(wake);
       no_wake |= !slotted[i];
       still &= streams[i]->sleep_begin(seen[i]);
     }
+    // CQs raise events only while someone sleeps (transport/cq_group.h,
+    // "Arming"): armed now that our wake fd is in the streams' sleepers.
+    // A completion the arm's drain filed: look again, do not sleep.
+    std::optional<transport::cq_group::ArmedSleep> armed;
+    armed.emplace(hub_at != SIZE_MAX);
+    still &= !armed->drained();
     timespec buf, zero{};
     const timespec* left = still ? dl.left(&buf) : &zero;
     if (no_wake) left = at_most_slice(left);
@@ -246,6 +256,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     if (hub_token && !transport::cq_hub::begin_sleep(wake)) wait[hub_at].fd = -1;  // (ppoll skips it)
     int r = sys::libc.ppoll(wait.data(), wait.size(), left, sleep.mask());
     int err = errno;
+    armed.reset();
     if (hub_token) transport::cq_hub::end_sleep();
     for (nfds_t i = 0; i < n; i++) {
       if (!streams[i]) continue;
@@ -589,6 +600,9 @@ void ensure_hub(EpollSet* set, int epfd) {
   if (sys::libc.epoll_ctl(target, EPOLL_CTL_ADD, hub, &ev) == 0) {
     set->hub_target = target;
     set->hub_fd = hub;
+    // In the application's own instance (no shadow: no fds left), a sleep
+    // in the kernel on it may wait for completions: CQs stay armed.
+    if (target != set->shadow) transport::cq_group::hold_armed();
   }
 }
 
@@ -811,6 +825,9 @@ int collect(EpollSet* set, int epfd, epoll_event* out, int max, std::vector<Stre
   bool still_due = false;  // user events a next call would report (ready_fd)
   if (full && set->user_count > 0) ensure_hub(set, epfd);
   if (full) drain_shadow(set);
+  // Completions of disarmed CQs raise no event (transport/cq_group.h,
+  // "Arming"): a busy loop finds them here, without a syscall.
+  if (full && set->user_count > 0) transport::cq_group::poll_disarmed();
   // Without a shadow the hub's fd sits in the kernel instance (ensure_hub):
   // its events are read here, or every wait would return at once for them.
   if (full && set->shadow < 0 && set->hub_target >= 0) transport::cq_hub::poll();
@@ -1001,6 +1018,9 @@ void watch(EpollSet* set) {
   if (set->watched) return;
   set->watched = true;
   g_watched.fetch_add(1, std::memory_order_relaxed);
+  // The progress thread sleeps on the shadow for it, outside any
+  // ArmedSleep: CQs stay armed from now on (transport/cq_group.h).
+  transport::cq_group::hold_armed();
   unnest_kernel(set);
   if (set->shadow >= 0) progress_watch(set->shadow, monitor, set);
   refresh(set, true);
@@ -1130,15 +1150,22 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     if (n || dl.expired()) return n;
     if (users == 0) continue;  // only internal wakeups: re-collect
     // Registrations resting in the set (not in `streams`): on RDMA, their
-    // arrivals show as the shadow instance turning readable.
+    // arrivals are completions, which push them: a disarmed CQ's are found
+    // by polling it (no syscall), an armed one's raise an event, which turns
+    // the shadow instance readable. While every CQ is disarmed (a busy
+    // process) that look would find nothing of theirs: left out. The spin
+    // stays as short as with the look (spin_us): letting it grow to
+    // spin_max_us made no difference 4 rounds of redis in the VM could
+    // show, and costs CPU the peer may need.
     const int resting = users - int(streams.size());
     bool poked = false;
     auto ready_now = [&] {
+      transport::cq_group::poll_disarmed();
       {
         std::lock_guard lk(set->mu);
         if ((n = collect(set, epfd, ev, max, nullptr, false)) > 0) return true;
       }
-      if (resting > 0 && shadow_now >= 0) {
+      if (resting > 0 && shadow_now >= 0 && !transport::cq_group::all_disarmed()) {
         pollfd p{shadow_now, POLLIN, 0};
         poked = sys::libc.poll(&p, 1, 0) == 1;
       }
@@ -1183,6 +1210,13 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     bool still = true;
     for (size_t i = 0; i < streams.size(); i++)
       still &= streams[i]->sleep_begin(seen[i]) || seen[i] == kNoCheck;
+    // CQs raise events only while someone sleeps (transport/cq_group.h,
+    // "Arming"): armed now, after sleepers++ and the streams' sleep_begin,
+    // so that what the arm's drain files pushes or pokes us; we look again
+    // rather than sleep when it filed anything.
+    std::optional<transport::cq_group::ArmedSleep> armed;
+    armed.emplace(true);
+    still &= !armed->drained();
     // A resting registration pushed since the collect: look, do not sleep
     // (pairs with epoll_watch_fired; sleepers was raised above).
     still &= set->pushed.load(std::memory_order_seq_cst) == nullptr;
@@ -1208,6 +1242,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       }
     }
     int err = errno;
+    armed.reset();
     for (Stream* st : streams) st->sleep_end();
     awake.done();
     if (k < 0) return Err(err);

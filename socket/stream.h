@@ -109,7 +109,9 @@ class Stream {
   // `interest` plus POLLHUP/POLLERR), after driving progress.
   short poll_events(short interest, bool full = true);
   // The fds a waiter for `interest` must sleep on; returns how many (<= 3).
-  int wait_fds(short interest, pollfd* out);
+  // `cq` (optional): whether the last one is the completion hub (a sleep on
+  // it arms the CQs first: transport/cq_group.h, "Arming").
+  int wait_fds(short interest, pollfd* out, bool* cq = nullptr);
   // Readiness as it stands, without driving progress (debug checks).
   short peek_events(short interest);
   // Sleeps until poll_events(interest) may have changed, or timeout.

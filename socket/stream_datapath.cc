@@ -18,6 +18,7 @@
 #include "socket/process.h"
 #include "socket/signals.h"
 #include "socket/stream.h"
+#include "transport/cq_group.h"
 #include "transport/cq_hub.h"
 #include "util/stats.h"
 #include "util/adaptive_spin.h"
@@ -522,8 +523,9 @@ short Stream::peek_events(short interest) {
   return events_locked(interest);
 }
 
-int Stream::wait_fds(short interest, pollfd* out) {
+int Stream::wait_fds(short interest, pollfd* out, bool* cq) {
   int n = 0;
+  if (cq) *cq = false;
   std::lock_guard lk(mu_);
   out[n++] = {thread_wake_fd(), POLLIN, 0};
   bool tcp = tcp_rx_open() || tcp_tx_open() ||
@@ -536,7 +538,10 @@ int Stream::wait_fds(short interest, pollfd* out) {
   }
   if (tcp) out[n++] = {tcp_fd_, short(interest | POLLRDHUP), 0};
   // Completions: the process's completion hub (last: wait() looks there).
-  if (conn_ && !rdma_dead_ && conn_->fd() >= 0) out[n++] = {conn_->fd(), POLLIN, 0};
+  if (conn_ && !rdma_dead_ && conn_->fd() >= 0) {
+    out[n++] = {conn_->fd(), POLLIN, 0};
+    if (cq) *cq = true;
+  }
   return n;
 }
 
@@ -569,7 +574,8 @@ bool Stream::spin(short interest, uint32_t spin_us) {
 int Stream::wait(short interest, int timeout_ms, SignalWatch& signals, uint32_t spin_us) {
   if (spin(interest, spin_us)) return 0;
   pollfd fds[3];
-  int n = wait_fds(interest, fds);
+  bool on_cq;  // fds[n - 1] is the completion hub
+  int n = wait_fds(interest, fds, &on_cq);
   // The wake fd is read only when the sleep saw it readable (below), not
   // before every sleep (a read that found nothing in most round trips): a
   // poke left over from earlier ends this sleep at once, the caller looks
@@ -585,15 +591,23 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals, uint32_t 
   const bool slotted = add_sleeper(fds[0].fd);
   if (!slotted && (timeout_ms < 0 || timeout_ms > kNoWakeSliceMs)) timeout_ms = kNoWakeSliceMs;
   if (sleep_begin(seen)) {
-    // One sleeping thread of the process watches the completion hub
-    // (transport/cq_hub.h); if another does, ours pokes fds[0] through
-    // our sleepers' slot (so only a slotted sleeper may leave it out).
-    const bool hub = slotted && n >= 2 && fds[n - 1].fd == transport::cq_hub::fd();
-    const bool watching = !hub || transport::cq_hub::begin_sleep(fds[0].fd);
-    err = restartable_poll(fds, nfds_t(watching ? n : n - 1), timeout_ms, signals);
-    // (Others asleep without the hub: their completions are read now.)
-    if (hub && transport::cq_hub::end_sleep() && (fds[n - 1].revents & POLLIN))
-      transport::cq_hub::poll();
+    // CQs raise events only while someone sleeps (transport/cq_group.h,
+    // "Arming"): armed here, after add_sleeper and sleep_begin. A
+    // completion the arm's drain filed (ours pokes fds[0]; another's may
+    // be one this thread passes on) ends the wait at once: the caller
+    // looks again.
+    transport::cq_group::ArmedSleep armed(on_cq);
+    if (!armed.drained()) {
+      // One sleeping thread of the process watches the completion hub
+      // (transport/cq_hub.h); if another does, ours pokes fds[0] through
+      // our sleepers' slot (so only a slotted sleeper may leave it out).
+      const bool hub = slotted && on_cq;
+      const bool watching = !hub || transport::cq_hub::begin_sleep(fds[0].fd);
+      err = restartable_poll(fds, nfds_t(watching ? n : n - 1), timeout_ms, signals);
+      // (Others asleep without the hub: their completions are read now.)
+      if (hub && transport::cq_hub::end_sleep() && (fds[n - 1].revents & POLLIN))
+        transport::cq_hub::poll();
+    }
   }
   sleep_end();
   if (slotted) remove_sleeper(fds[0].fd);

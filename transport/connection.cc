@@ -103,8 +103,8 @@ void Connection::take_cq_event() {
   // nothing (redis-benchmark over librsock made 1.5 channel reads per
   // request for 0.76 events). An event still unread keeps the hub's fd
   // readable, so whoever would sleep on it wakes at once and marks it; until
-  // then the completions are polled as usual (the shared CQ is armed
-  // whenever no event is unread: cq_group.h).
+  // then the completions are polled as usual (a CQ is armed while a thread
+  // sleeps, and polled otherwise: cq_group.h, "Arming").
   if (!cq_event_.load(std::memory_order_relaxed) && cq_hub::noted()) cq_hub::poll();
   if (cq_event_.load(std::memory_order_relaxed) && cq_event_.exchange(false, std::memory_order_acquire))
     ++ctr_.cq_events;
@@ -199,6 +199,7 @@ Status<void> Connection::create_resources() {
     return s;
   }
   // A shared CQ (cq_group.h): no CQ, no mapping and no re-arm of our own.
+  if (!tun_.cq_lazy_arm) cq_group::hold_armed();
   cq_box_.reset(new (std::nothrow) ibv_wc[cq_slots()]);
   if (!cq_box_) return Err(ENOMEM);
   if (kit_.qp && kit_.qp_inline_wanted == inline_wanted(tun_)) {
@@ -799,8 +800,8 @@ Status<void> Connection::wait(short events, int timeout_ms) {
   uint64_t start = now_ns();
   uint64_t end = timeout_ms < 0 ? UINT64_MAX : start + uint64_t(timeout_ms) * 1000000;
   // Spin on the CQ alone (no syscalls, not even a clock read: SpinDeadline);
-  // progress() and the fd only once the spin budget is spent (the shared CQ
-  // is armed whenever no event is unread: cq_group.h).
+  // progress() and the fd only once the spin budget is spent (the sleep
+  // arms the CQs first: cq_group.h, "Arming").
   SpinDeadline spin(tun_.spin_us);
   bool spinning = tun_.spin_us != 0;
   bool slept_ready = true;
@@ -833,6 +834,13 @@ Status<void> Connection::wait(short events, int timeout_ms) {
     pollfd p[2];
     int np;
     wait_fds(p, &np);
+    // CQs raise events only while someone sleeps (cq_group.h, "Arming").
+    // What the arm's drain filed may be ours: look before sleeping.
+    cq_group::ArmedSleep armed(grp_ != nullptr);
+    if (armed.drained()) {
+      slept_ready = true;
+      continue;
+    }
     int r = sys::libc.poll(p, static_cast<nfds_t>(np), ms);
     if (r < 0 && errno != EINTR) return Err(errno);
     if (r > 0) cq_hub::note_if_woken(p, np);  // progress() reads it
@@ -875,7 +883,9 @@ Connection::~Connection() {
       pollfd p[2];
       int np;
       wait_fds(p, &np);
-      if (sys::libc.poll(p, static_cast<nfds_t>(np), 10) > 0) cq_hub::note_if_woken(p, np);
+      cq_group::ArmedSleep armed(grp_ != nullptr);  // (a drain's find: progress() takes it)
+      if (!armed.drained() && sys::libc.poll(p, static_cast<nfds_t>(np), 10) > 0)
+        cq_hub::note_if_woken(p, np);
       (void)progress();
     }
   }

@@ -32,6 +32,10 @@ struct Group {
   std::mutex mu;
   ibv_context* ctx = nullptr;
   ibv_cq* cq = nullptr;   // nullptr: trimmed (no members for kIdleNs); join makes a new one
+  // The CQ will raise an event for its next completion. Written under mu;
+  // read without it only as a hint (poll_disarmed). A group with a CQ and
+  // armed == false is counted in g_disarmed.
+  std::atomic<bool> armed{false};
   uint64_t empty_since_ns = 0;
   uint32_t cqe = 0;       // what members may reserve in all
   uint32_t reserved = 0;  // what they do
@@ -50,6 +54,22 @@ Group* g_groups[kMaxGroups];
 std::atomic<uint32_t> g_ngroups{0};  // Group structs made
 std::atomic<uint32_t> g_cqs{0};      // of which hold a CQ
 std::atomic<uint32_t> g_empty{0};    // of which hold a CQ and no member (trim's work)
+// Arming (see the header). g_disarmed: groups with a CQ that is not armed.
+// g_sleeping: threads inside an ArmedSleep, plus one for hold_armed().
+// Both seq_cst where they pair: on_event marks its group disarmed and then
+// reads g_sleeping; a sleeper raises g_sleeping and then reads g_disarmed:
+// at least one of them sees the other, so no sleep starts on a CQ that
+// stays disarmed.
+std::atomic<uint32_t> g_disarmed{0};
+std::atomic<int> g_sleeping{0};
+std::atomic<bool> g_held{false};
+std::mutex g_hold_mu;  // (a leaf before the groups' locks: hold_armed only)
+// ArmedSleeps this thread is inside: a fork from a signal handler that
+// interrupted one leaves the child's count at the hold plus these, which
+// the scopes' ends then take off.
+thread_local int t_armed __attribute__((tls_model("initial-exec"))) = 0;
+std::atomic<uint64_t> g_arms{0};    // ibv_req_notify_cq calls (the exit summary)
+std::atomic<uint64_t> g_events{0};  // events read (on_event)
 // CQs one trim destroys at most: the rest wait for the next tick, so joins
 // (under g_mu, which trim holds) do not wait behind a hundred destroys.
 constexpr int kTrimBatch = 8;
@@ -67,6 +87,8 @@ bool make_cq(Group* g, ibv_comp_channel* ch, uint32_t cap, uint32_t slots) {
     errno = e;
     return false;
   }
+  g->armed.store(true, std::memory_order_relaxed);
+  g_arms.fetch_add(1, std::memory_order_relaxed);
   g_cqs.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -84,10 +106,11 @@ int find(Group* g, uint32_t qp_num) {
 // the ring is full), while another thread sleeps on the same connection for
 // that very data; with a CQ per connection, the CQ's event told that
 // sleeper, but the shared CQ's event may now find the CQ empty.
-void drain_locked(Group* g, const Connection* self, bool tell_self) {
+bool drain_locked(Group* g, const Connection* self, bool tell_self) {
   uint64_t told[kMaxMembers / 64] = {};
   ibv_wc wc[16];
   int n;
+  bool filed = false;
   do {
     n = ibv_poll_cq(g->cq, 16, wc);
     for (int i = 0; i < n; ++i) {
@@ -102,15 +125,37 @@ void drain_locked(Group* g, const Connection* self, bool tell_self) {
       }
       m.box[(m.head + m.count) % m.slots] = wc[i];
       ++m.count;
+      filed = true;
       if (m.c != self || tell_self) told[k / 64] |= uint64_t{1} << (k % 64);
     }
   } while (n == 16);
   bool any = false;
   for (uint64_t w : told) any |= w != 0;
-  if (!any) return;
+  if (!any) return filed;
   std::lock_guard lk(cm_hub::mu());
   for (uint32_t k = 0; k < g->cap; ++k)
     if (told[k / 64] & (uint64_t{1} << (k % 64))) g->m[k].c->deliver_cq_event(g->m[k].c != self);
+  return filed;
+}
+
+// Under g->mu, g has a CQ: it is armed now (counted), or says why not once.
+void arm_locked(Group* g) {
+  g_arms.fetch_add(1, std::memory_order_relaxed);
+  if (int e = ibv_req_notify_cq(g->cq, 0); e != 0) [[unlikely]] {
+    // Never seen. It stays counted as disarmed: the next sleeper tries
+    // again; sleepers meanwhile wake for their timers only.
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) LOG_WARN("transport: cannot arm a completion queue (%d)", e);
+    return;
+  }
+  if (!g->armed.exchange(true, std::memory_order_acq_rel))
+    g_disarmed.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+// Under g->mu, g has a CQ: its arm was used up by an event.
+void disarmed_locked(Group* g) {
+  if (g->armed.exchange(false, std::memory_order_acq_rel))
+    g_disarmed.fetch_add(1, std::memory_order_seq_cst);
 }
 
 uint32_t cap_for(uint32_t ngroups) {
@@ -243,6 +288,8 @@ void trim(uint64_t now, bool all) {
       continue;
     }
     g->cq = nullptr;
+    if (!g->armed.load(std::memory_order_relaxed)) g_disarmed.fetch_sub(1, std::memory_order_seq_cst);
+    g->armed.store(false, std::memory_order_relaxed);
     g->empty_since_ns = 0;
     g_empty.fetch_sub(1, std::memory_order_relaxed);
     g_cqs.fetch_sub(1, std::memory_order_relaxed);
@@ -268,15 +315,75 @@ int poll(Group* g, uint32_t slot, ibv_wc* out, int max, bool tell_self) {
 void on_event(Group* g) {
   std::lock_guard gl(g->mu);
   if (g->cq == nullptr) return;  // trimmed since the hub read its event
-  // Armed before the drain: see the header.
-  if (int e = ibv_req_notify_cq(g->cq, 0); e != 0) [[unlikely]] {
-    // Never seen. Without an arm no event comes: sleepers would wake only
-    // for their timers. Say so once; the next event (if any) tries again.
-    static std::atomic<bool> said{false};
-    if (!said.exchange(true)) LOG_WARN("transport: cannot arm a completion queue (%d)", e);
-  }
+  g_events.fetch_add(1, std::memory_order_relaxed);
+  // The event used up the arm. Armed again before the drain only while a
+  // thread sleeps on events (the header): otherwise whoever runs next polls.
+  disarmed_locked(g);
+  if (g_sleeping.load(std::memory_order_seq_cst) > 0) arm_locked(g);
   drain_locked(g, nullptr, false);
 }
+
+namespace {
+// Arms and drains every disarmed group; whether any completion was filed.
+bool arm_all() {
+  bool got = false;
+  uint32_t ng = g_ngroups.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < ng; ++i) {
+    Group* g = g_groups[i];
+    if (g->armed.load(std::memory_order_acquire)) continue;
+    std::lock_guard gl(g->mu);
+    if (g->cq == nullptr || g->armed.load(std::memory_order_relaxed)) continue;
+    arm_locked(g);
+    // Armed before the drain: one that landed before the arm is filed
+    // here, one after raises an event.
+    got |= drain_locked(g, nullptr, false);
+  }
+  return got;
+}
+}  // namespace
+
+void poll_disarmed() {
+  if (g_disarmed.load(std::memory_order_relaxed) == 0) return;
+  uint32_t ng = g_ngroups.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < ng; ++i) {
+    Group* g = g_groups[i];
+    if (g->armed.load(std::memory_order_relaxed)) continue;
+    // (A spin's look: a group busy with another thread is that thread's.)
+    std::unique_lock gl(g->mu, std::try_to_lock);
+    if (!gl.owns_lock() || g->cq == nullptr || g->armed.load(std::memory_order_relaxed)) continue;
+    drain_locked(g, nullptr, false);
+  }
+}
+
+ArmedSleep::ArmedSleep(bool on) : on_(on) {
+  if (!on_) return;
+  ++t_armed;
+  g_sleeping.fetch_add(1, std::memory_order_seq_cst);
+  if (g_disarmed.load(std::memory_order_seq_cst) != 0) drained_ = arm_all();
+}
+
+ArmedSleep::~ArmedSleep() {
+  if (!on_) return;
+  --t_armed;
+  g_sleeping.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void hold_armed() {
+  if (g_held.load(std::memory_order_acquire)) return;
+  // (Every caller returns with the hold in place: none before the arm.)
+  std::lock_guard lk(g_hold_mu);
+  if (g_held.load(std::memory_order_relaxed)) return;
+  g_sleeping.fetch_add(1, std::memory_order_seq_cst);
+  if (g_disarmed.load(std::memory_order_seq_cst) != 0) (void)arm_all();
+  g_held.store(true, std::memory_order_release);
+}
+
+bool all_disarmed() {
+  return g_disarmed.load(std::memory_order_relaxed) == g_cqs.load(std::memory_order_relaxed);
+}
+
+uint64_t arms() { return g_arms.load(std::memory_order_relaxed); }
+uint64_t events() { return g_events.load(std::memory_order_relaxed); }
 
 uint32_t groups() { return g_cqs.load(std::memory_order_relaxed); }
 
@@ -287,6 +394,13 @@ void after_fork_child() {
   g_ngroups.store(0, std::memory_order_relaxed);
   g_cqs.store(0, std::memory_order_relaxed);
   g_empty.store(0, std::memory_order_relaxed);
+  g_disarmed.store(0, std::memory_order_relaxed);
+  // Only this thread exists (another may have held g_hold_mu); a hold
+  // stays, and so do this thread's own ArmedSleeps (a fork from a signal
+  // handler inside one: its end takes it off).
+  new (&g_hold_mu) std::mutex;
+  g_sleeping.store((g_held.load(std::memory_order_relaxed) ? 1 : 0) + t_armed,
+                   std::memory_order_relaxed);
 }
 
 }  // namespace rsock::transport::cq_group

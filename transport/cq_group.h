@@ -23,12 +23,29 @@
 // sleep on it (when its poll says so: `tell_self`). A completion of a QP that is no
 // member (it left: its QP is destroyed) is dropped.
 //
-// Arming: on_event re-arms the CQ before it drains it, so the CQ is armed
-// whenever no event is unread: a completion that lands after the drain
-// raises an event, one that landed before it is filed by it. Nothing else
-// ever needs to arm it (a disarmed CQ waiting for some member's next
-// progress() could starve another member's sleeper).
-//
+// Arming, lazily: a CQ raises an event only while some thread sleeps on
+// events. Every event costs the kernel a tasklet and a wakeup of the
+// channel, and us a channel read and a re-arm (ioctl on rxe): two syscalls
+// per request and side while a program is busy, when its own loop would
+// find the completions anyway. So an event's arm is not renewed
+// (on_event) unless a thread is asleep (inside an ArmedSleep); a thread
+// that goes to sleep arms every disarmed group first and drains it
+// (ArmedSleep: a completion that landed before the arm is filed by that
+// drain, one after it raises an event), and a busy thread finds the
+// completions by polling: its own connection's (poll), and everyone's in
+// the epoll emulation's harvest and spin (poll_disarmed).
+// Why no sleep misses a completion: every sleep that waits for completions
+// (the socket layer's blocking waits, poll/select and epoll emulation,
+// Connection::wait) is an ArmedSleep; a sleeper raises g_sleeping before it
+// looks at what is disarmed, and on_event marks its group disarmed before
+// it looks at g_sleeping, so either the sleeper arms the group or
+// on_event re-arms it (see cq_group.cc). A sleep that includes the hub's
+// fd where no ArmedSleep covers it (the progress thread's watch of an
+// epoll set that the application polls, an epoll set without a shadow
+// instance) holds every CQ armed for good instead (hold_armed).
+// Tunable `cq_lazy_arm` = off holds them armed from the start (the old
+// behaviour).
+
 // Isolation stays per connection: a connection keeps its own PD (its ring's
 // rkey is valid only on its own QP, docs/TRANSPORT.md); a CQ carries only
 // completions of our own WRs, never the peer's data.
@@ -97,8 +114,36 @@ void leave(Group* g, uint32_t slot, ibv_qp* qp);
 // `tell_self`: if the CQ held some of `c`'s, its callback runs too (as
 // for the other members), for a caller that announces nothing itself.
 int poll(Group* g, uint32_t slot, ibv_wc* out, int max, bool tell_self);
-// The completion hub read the group's event: re-arms, drains, notifies.
+// The completion hub read the group's event: drains, notifies; re-arms
+// only while some thread sleeps (see "Arming" above).
 void on_event(Group* g);
+// A sleep that waits for completion events, as a scope around the sleep
+// syscall: on entry, every disarmed group is armed and drained; drained()
+// says whether that filed any completion (its connections were told; the
+// caller should look again rather than sleep). `on` false: no-op.
+class ArmedSleep {
+ public:
+  explicit ArmedSleep(bool on);
+  ~ArmedSleep();
+  ArmedSleep(const ArmedSleep&) = delete;
+  ArmedSleep& operator=(const ArmedSleep&) = delete;
+  bool drained() const { return drained_; }
+
+ private:
+  bool on_;
+  bool drained_ = false;
+};
+// Files what the disarmed groups' CQs hold (user space, no syscall: a
+// busy thread's look). Skips a group whose lock another thread holds.
+void poll_disarmed();
+// Every CQ is disarmed now, so no completion raises an event until some
+// thread sleeps (a hint, read without locks).
+bool all_disarmed();
+// Keeps every CQ armed from now on (see "Arming"); idempotent.
+void hold_armed();
+// ibv_req_notify_cq calls and events read so far (the exit summary).
+uint64_t arms();
+uint64_t events();
 constexpr uint64_t kIdleNs = 5'000'000'000;
 // Destroys the CQs of groups without members for kIdleNs (all of them
 // with `all`). Cheap when there is none.

@@ -6,9 +6,9 @@
 // context raises its events on that context's one channel; the channels sit
 // behind one fd, the hub's fd(). Whoever polls the hub
 // reads every pending event and hands it to the CQ's group (cq_group.h; the
-// CQ's cq_context), which re-arms the CQ, files its completions with their
-// connections and calls the notify callback of each, so that a waiter
-// looks again.
+// CQ's cq_context), which re-arms the CQ while a thread sleeps (cq_group.h,
+// "Arming"), files its completions with their connections and calls the
+// notify callback of each, so that a waiter looks again.
 //
 // Who polls: whoever sleeps on a connection includes fd() in its sleep
 // (Connection::fd(); the socket layer's blocking waits, poll/select
@@ -46,8 +46,8 @@ ibv_comp_channel* channel(ibv_context* ctx);
 // when a second device context gets its channel: read it at every sleep.
 int fd();
 // Reads one pending completion event per channel (more leave fd() readable)
-// and hands it to its CQ's group (cq_group::on_event: re-arm, drain, notify
-// the connections that got completions). Any thread, holding no group's
+// and hands it to its CQ's group (cq_group::on_event: re-arm if a thread
+// sleeps, drain, notify the connections that got completions). Any thread, holding no group's
 // lock and not cm_hub::mu(); never blocks.
 void poll();
 // A sleeper that leaves the read to the next Connection::progress() (to put
