@@ -69,10 +69,12 @@ struct Tunables {
   // ahead by the progress thread, off the next connection's setup path
   // (transport/kit_pool.h, warm).
   bool kit_qp_ahead = true;
-  // Completion queues raise events only while a thread sleeps on them; a
-  // busy thread polls them instead (transport/cq_group.h, "Arming"). Off:
-  // armed after every event, a channel read and a re-arm per event.
-  bool cq_lazy_arm = true;
+  // On: completion queues raise events only while a thread sleeps on
+  // them; a busy thread polls them instead (transport/cq_group.h,
+  // "Arming"). Off (the default): armed after every event, a channel read
+  // and a re-arm per event. Off until measured again: faster for redis in
+  // three VM sessions, slower in the CI's VM run (docs/PERFORMANCE.md).
+  bool cq_lazy_arm = false;
   // Observability -------------------------------------------------------------
   bool stats = true;                  // publish counters for rsock-stat
   // Internal invariants checked at run time (abort with a message when one

@@ -43,8 +43,8 @@
 // fd where no ArmedSleep covers it (the progress thread's watch of an
 // epoll set that the application polls, an epoll set without a shadow
 // instance) holds every CQ armed for good instead (hold_armed).
-// Tunable `cq_lazy_arm` = off holds them armed from the start (the old
-// behaviour).
+// Tunable `cq_lazy_arm` = off (the default for now: docs/PERFORMANCE.md)
+// holds them armed from the first connection on (the old behaviour).
 
 // Isolation stays per connection: a connection keeps its own PD (its ring's
 // rkey is valid only on its own QP, docs/TRANSPORT.md); a CQ carries only
