@@ -71,10 +71,9 @@ struct Tunables {
   bool kit_qp_ahead = true;
   // On: completion queues raise events only while a thread sleeps on
   // them; a busy thread polls them instead (transport/cq_group.h,
-  // "Arming"). Off (the default): armed after every event, a channel read
-  // and a re-arm per event. Off until measured again: faster for redis in
-  // three VM sessions, slower in the CI's VM run (docs/PERFORMANCE.md).
-  bool cq_lazy_arm = false;
+  // "Arming"). Off: armed after every event, a channel read and a re-arm
+  // per event (docs/PERFORMANCE.md, "CQs armed only for sleeps").
+  bool cq_lazy_arm = true;
   // Observability -------------------------------------------------------------
   bool stats = true;                  // publish counters for rsock-stat
   // Internal invariants checked at run time (abort with a message when one

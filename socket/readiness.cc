@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -242,10 +241,10 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     }
     // CQs raise events only while someone sleeps (transport/cq_group.h,
     // "Arming"): armed now that our wake fd is in the streams' sleepers.
-    // A completion the arm's drain filed: look again, do not sleep.
-    std::optional<transport::cq_group::ArmedSleep> armed;
-    armed.emplace(hub_at != SIZE_MAX);
-    still &= !armed->drained();
+    // A completion the arm's drain filed: look again, do not sleep. (Not
+    // armed for a zero-timeout look: nothing would wait for its event.)
+    transport::cq_group::ArmedSleep armed(hub_at != SIZE_MAX && still);
+    still &= !armed.drained();
     timespec buf, zero{};
     const timespec* left = still ? dl.left(&buf) : &zero;
     if (no_wake) left = at_most_slice(left);
@@ -256,7 +255,7 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     if (hub_token && !transport::cq_hub::begin_sleep(wake)) wait[hub_at].fd = -1;  // (ppoll skips it)
     int r = sys::libc.ppoll(wait.data(), wait.size(), left, sleep.mask());
     int err = errno;
-    armed.reset();
+    armed.end();
     if (hub_token) transport::cq_hub::end_sleep();
     for (nfds_t i = 0; i < n; i++) {
       if (!streams[i]) continue;
@@ -1213,10 +1212,10 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
     // CQs raise events only while someone sleeps (transport/cq_group.h,
     // "Arming"): armed now, after sleepers++ and the streams' sleep_begin,
     // so that what the arm's drain files pushes or pokes us; we look again
-    // rather than sleep when it filed anything.
-    std::optional<transport::cq_group::ArmedSleep> armed;
-    armed.emplace(true);
-    still &= !armed->drained();
+    // rather than sleep when it filed anything. (Not armed for a
+    // zero-timeout look: nothing would wait for its event.)
+    transport::cq_group::ArmedSleep armed(still);
+    still &= !armed.drained();
     // A resting registration pushed since the collect: look, do not sleep
     // (pairs with epoll_watch_fired; sleepers was raised above).
     still &= set->pushed.load(std::memory_order_seq_cst) == nullptr;
@@ -1242,7 +1241,7 @@ Status<int> epoll_wait_emulated(int epfd, epoll_event* ev, int max, const timesp
       }
     }
     int err = errno;
-    armed.reset();
+    armed.end();
     for (Stream* st : streams) st->sleep_end();
     awake.done();
     if (k < 0) return Err(err);

@@ -362,8 +362,9 @@ ArmedSleep::ArmedSleep(bool on) : on_(on) {
   if (g_disarmed.load(std::memory_order_seq_cst) != 0) drained_ = arm_all();
 }
 
-ArmedSleep::~ArmedSleep() {
+void ArmedSleep::end() {
   if (!on_) return;
+  on_ = false;
   --t_armed;
   g_sleeping.fetch_sub(1, std::memory_order_seq_cst);
 }

@@ -43,8 +43,8 @@
 // fd where no ArmedSleep covers it (the progress thread's watch of an
 // epoll set that the application polls, an epoll set without a shadow
 // instance) holds every CQ armed for good instead (hold_armed).
-// Tunable `cq_lazy_arm` = off (the default for now: docs/PERFORMANCE.md)
-// holds them armed from the first connection on (the old behaviour).
+// Tunable `cq_lazy_arm` = off (default on) holds them armed from the first
+// connection on (the old behaviour).
 
 // Isolation stays per connection: a connection keeps its own PD (its ring's
 // rkey is valid only on its own QP, docs/TRANSPORT.md); a CQ carries only
@@ -120,11 +120,13 @@ void on_event(Group* g);
 // A sleep that waits for completion events, as a scope around the sleep
 // syscall: on entry, every disarmed group is armed and drained; drained()
 // says whether that filed any completion (its connections were told; the
-// caller should look again rather than sleep). `on` false: no-op.
+// caller should look again rather than sleep). `on` false: no-op. end()
+// closes it right after the sleep syscall (else the destructor does).
 class ArmedSleep {
  public:
   explicit ArmedSleep(bool on);
-  ~ArmedSleep();
+  ~ArmedSleep() { end(); }
+  void end();
   ArmedSleep(const ArmedSleep&) = delete;
   ArmedSleep& operator=(const ArmedSleep&) = delete;
   bool drained() const { return drained_; }

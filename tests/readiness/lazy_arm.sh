@@ -3,15 +3,15 @@
 # (transport/cq_group.h, "Arming"; tunable cq_lazy_arm; issue 14), label
 # rdma, in the VM.
 # redis-server and redis-benchmark (GET, 10 clients), both preloaded, run
-# twice: with cq_lazy_arm on and off (the default: every event re-arms, the
-# old behaviour). Counts, not times, from the server's exit summary
+# twice: with cq_lazy_arm on (the default) and off (every event re-arms,
+# the old behaviour). Counts, not times, from the server's exit summary
 # (cq_events: completion events read):
 #  - both runs: the benchmark completes every request, the server upgraded
 #    the 10 benchmark connections, at least 90 % of its bytes on RDMA;
 #  - on: fewer events than off (a busy server polls its CQs instead of
 #    waiting for events: 333-337 against 2,430-2,766 in quiet VM sessions,
 #    1,437-1,495 against 2,616-2,725 inside a CI's vm.suite, where the
-#    server slept more often). cq_lazy_arm is off by default (config.md).
+#    server slept more often).
 # Every run has RSOCK_DEBUG_CHECKS=1 and a 120 s bound: a sleep that missed
 # its completion would hang the benchmark, which then fails.
 set -uo pipefail
