@@ -763,7 +763,8 @@ void Connection::check_timers(uint64_t now) {
       const State was = state_;
       cm_hub::poll();
       handle_queued_cm_events();
-      if (state_ == was && deadline_ns_ != 0 && now >= deadline_ns_) fail(ETIMEDOUT);
+      if (state_ != was) return;  // (its handler set what follows; `now` is old)
+      if (deadline_ns_ != 0 && now >= deadline_ns_) fail(ETIMEDOUT);
     }
   }
   if (data_seen_) {

@@ -365,8 +365,10 @@ ArmedSleep::ArmedSleep(bool on) : on_(on) {
 void ArmedSleep::end() {
   if (!on_) return;
   on_ = false;
-  --t_armed;
+  // (This order: a fork from a signal handler between the two leaves the
+  // child's count one too high, which only arms more, never one too low.)
   g_sleeping.fetch_sub(1, std::memory_order_seq_cst);
+  --t_armed;
 }
 
 void hold_armed() {
