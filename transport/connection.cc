@@ -757,9 +757,10 @@ void Connection::check_timers(uint64_t now) {
       deadline_ns_ = 0;
     } else if (state_ < State::kEstablished) {
       // The event that ends this step may sit unread in the shared channel
-      // (the progress thread that reads it has not run yet: a loaded
-      // guest's conformance run lost 8 route resolutions at once so, with
-      // ROUTE_RESOLVED late by a few ms). Read it before giving up.
+      // (the progress thread that reads it has not run yet; see
+      // resolve_guard_ns for the late events that made this matter). Read
+      // it before giving up. (Only on this rare path: a second read of the
+      // channel right after progress()'s own costs one EAGAIN.)
       const State was = state_;
       cm_hub::poll();
       handle_queued_cm_events();
