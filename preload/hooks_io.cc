@@ -21,6 +21,7 @@
 #include "socket/process.h"
 #include "socket/stream.h"
 #include "util/clock.h"
+#include "util/profile.h"
 #include "socket/readiness.h"
 
 using rsock::preload::HookScope;
@@ -58,11 +59,18 @@ static bool stream_io(HookScope& h, const socket::SocketRef& s, std::span<const 
 
 bool stream_recv(HookScope& h, const socket::SocketRef& s, std::span<const iovec> iov, int flags,
                  ssize_t* out) {
-  return stream_io<false>(h, s, iov, flags, out);
+  bool done;
+  {
+    profile::Scope timed(profile::Probe::kRecv);
+    done = stream_io<false>(h, s, iov, flags, out);
+  }
+  if (done && *out == 0) profile::dump();  // (profiling builds only)
+  return done;
 }
 
 bool stream_send(HookScope& h, const socket::SocketRef& s, std::span<const iovec> iov, int flags,
                  ssize_t* out) {
+  profile::Scope timed(profile::Probe::kSend);
   return stream_io<true>(h, s, iov, flags, out);
 }
 

@@ -23,6 +23,7 @@
 #include "util/stats.h"
 #include "util/adaptive_spin.h"
 #include "util/clock.h"
+#include "util/profile.h"
 #include "util/sys.h"
 
 namespace rsock::socket {
@@ -301,14 +302,17 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
   uint64_t deadline = 0;
   size_t got = 0;
   iovec rest[kIovWindow];
+  profile::Span waited(profile::Probe::kReadWait);
   for (;;) {
     std::span<const iovec> cur = got ? iov_advance(iov, got, rest) : iov;
     Status<size_t> r = Err(EAGAIN);
     {
+      profile::Scope timed(profile::Probe::kRecvStep);
       std::lock_guard lk(mu_);
       advance_inline(false);
       r = try_recv(cur, flags);
     }
+    if (!r) waited.start();
     if (r) {
       got += *r;
       if (*r == 0 || !waitall || got == want) return got;
@@ -349,6 +353,7 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
     std::span<const iovec> cur = sent ? iov_advance(iov, sent, rest) : iov;
     Status<size_t> r = Err(EAGAIN);
     {
+      profile::Scope timed(profile::Probe::kSendStep);
       std::lock_guard lk(mu_);
       advance_inline(false);
       r = want ? try_send(cur, flags) : Status<size_t>(size_t{0});
@@ -562,6 +567,7 @@ bool Stream::spin(short interest, uint32_t spin_us) {
   SpinDeadline end(slot.us());
   do {
     {
+      profile::Scope timed(profile::Probe::kSpinTurn);
       std::lock_guard lk(mu_);
       advance_inline(false);  // completions only: no syscall while spinning
       if (phase() != Phase::kRdma || (events_locked(interest) & (interest | POLLERR | POLLHUP)))

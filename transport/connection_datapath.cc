@@ -12,6 +12,7 @@
 #include "util/clock.h"
 #include "transport/connection.h"
 #include "util/log.h"
+#include "util/profile.h"
 
 namespace rsock::transport {
 
@@ -308,6 +309,7 @@ Status<void> Connection::poll_completions() {
 }
 
 bool Connection::poll_cq(bool tell_self) {
+  profile::Scope timed(profile::Probe::kPollCq);
   ibv_wc wc[kPollBatch];
   if (grp_ == nullptr) return false;
   int n = cq_group::poll(grp_, grp_slot_, wc, kPollBatch, tell_self);  // ours only
@@ -410,7 +412,12 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
     wr.wr.rdma.remote_addr = peer_.ring_addr + tx_.offset();
     wr.wr.rdma.rkey = peer_.ring_rkey;
     ibv_send_wr* bad;
-    if (ibv_post_send(qp_, &wr, &bad) != 0) {
+    int posted;
+    {
+      profile::Scope timed(profile::Probe::kPostSend);
+      posted = ibv_post_send(qp_, &wr, &bad);
+    }
+    if (posted != 0) {
       fail(ECONNRESET);
       break;
     }
