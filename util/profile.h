@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <x86intrin.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -59,19 +60,18 @@ inline void add(Probe p, uint64_t cycles) {
 inline void dump() {
   const uint64_t per_ms = spin_detail::tsc_per_ms();
   const double per_ns = per_ms ? double(per_ms) / 1e6 : 1.0;
-  char buf[1024];
-  int off = 0;
   for (int i = 0; i < static_cast<int>(Probe::kCount); ++i) {
     uint64_t n = detail::g_sums[i].count.load(std::memory_order_relaxed);
     uint64_t c = detail::g_sums[i].cycles.load(std::memory_order_relaxed);
-    if (n == 0 || off >= int(sizeof buf)) continue;
-    off += snprintf(buf + off, sizeof buf - off,
-                    "librsock[%d]: profile: %-9s n=%llu mean_%s=%.0f total_ms=%.1f\n", getpid(),
-                    detail::kNames[i], static_cast<unsigned long long>(n), per_ms ? "ns" : "cycles",
-                    double(c) / double(n) / per_ns, per_ms ? double(c) / per_ns / 1e6 : 0.0);
+    if (n == 0) continue;
+    char line[160];  // one write per line: no buffer to outgrow
+    int len = snprintf(line, sizeof line,
+                       "librsock[%d]: profile: %-9s n=%llu mean_%s=%.0f total_ms=%.1f\n", getpid(),
+                       detail::kNames[i], static_cast<unsigned long long>(n),
+                       per_ms ? "ns" : "cycles", double(c) / double(n) / per_ns,
+                       per_ms ? double(c) / per_ns / 1e6 : 0.0);
+    if (len > 0) (void)!write(2, line, std::min(size_t(len), sizeof line - 1));
   }
-  if (off > int(sizeof buf)) off = sizeof buf;
-  if (off > 0) (void)!write(2, buf, size_t(off));
 }
 
 namespace detail {
