@@ -471,7 +471,9 @@ class Stream {
   void rdma_failed_during_switch();
   void revert_to_tcp(stats::FallbackReason reason, const char* why);
   void begin_close();
-  void handle_controls();
+  // `cq_drained`: the caller's progress step has just polled the CQ empty,
+  // so reading the queued control messages needs no poll of its own.
+  void handle_controls(bool cq_drained = false);
   void write_marker();
   void drain_tcp();
   enum class RecordIo : uint8_t { kDone, kAgain, kClosed, kBroken };

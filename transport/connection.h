@@ -135,7 +135,8 @@ class Connection {
   // The data path's cheap progress: polls the CQ and flushes what waited for
   // room, without any syscall. Callers still call progress() before they
   // sleep on fd() and from time to time (timers, rdma_cm events, re-arming).
-  Status<void> poll_completions();
+  // `took` (optional): set to whether the poll took any completion.
+  Status<void> poll_completions(bool* took = nullptr);
 
   bool established() const { return state_ == State::kEstablished || state_ == State::kClosing; }
   bool connecting() const { return state_ < State::kEstablished; }
@@ -178,7 +179,7 @@ class Connection {
   // The peer's FIN came (its bytes before it may be unread still).
   bool fin_received() const { return fin_received_; }
   // Whether a control message of `type` has arrived and is still unread
-  // (polls the CQ first, as recv_control does; consumes nothing).
+  // (polls the CQ first, as recv_control does by default; consumes nothing).
   bool control_queued(uint8_t type);
   // Our FIN went after the peer's had arrived: we closed second (like a
   // kernel socket leaving CLOSE_WAIT).
@@ -193,7 +194,12 @@ class Connection {
 
   // Application control message, ordered with the data (type is opaque here).
   Status<void> send_control(uint8_t type, std::span<const std::byte> data);
-  Status<ControlMessage> recv_control();  // EAGAIN if none queued
+  // EAGAIN if none queued. With none queued it polls the CQ first, unless
+  // `poll` is false: for a caller that has just drained it.
+  Status<ControlMessage> recv_control(bool poll = true);
+  // Control messages wait in the queue (recv_control would return one
+  // without polling).
+  bool controls_queued() const { return !controls_.empty(); }
 
   // For tests and simple callers: blocks until POLLIN (readable, EOF, error or
   // a control message) / POLLOUT (established and writable, or error) holds,

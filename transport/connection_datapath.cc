@@ -298,12 +298,13 @@ bool Connection::handle_recv(uint32_t slot, uint32_t imm, bool rdma_imm, uint32_
   return false;
 }
 
-Status<void> Connection::poll_completions() {
+Status<void> Connection::poll_completions(bool* took) {
+  bool any = false;
   if (grp_ != nullptr && established()) {
-    bool any = false;
     while (poll_cq()) any = true;
     if (any) flush_pending();
   }
+  if (took) *took = any;
   if (state_ == State::kError) return Err(err_);
   return Ok();
 }
@@ -508,8 +509,8 @@ bool Connection::control_queued(uint8_t type) {
   return false;
 }
 
-Status<ControlMessage> Connection::recv_control() {
-  if (controls_.empty()) take_controls();
+Status<ControlMessage> Connection::recv_control(bool poll) {
+  if (controls_.empty() && poll) take_controls();
   if (controls_.empty()) return state_ == State::kError ? Err(err_) : Err(EAGAIN);
   ControlMessage m = controls_.front();
   controls_.pop_front();
