@@ -1475,8 +1475,9 @@ bool Stream::advance_locked(bool full) {
   // A busy-poll's usual turn on RDMA: with no event delivered and nothing
   // that a step retries (a control message to send or read, held bytes, a
   // peer that left its direction open), only the CQ can bring a change. If
-  // it holds nothing, the checks below cannot find any, and they cost most
-  // of the turn (TCG guest: about 1.8 of 2.4 us; bench/connect/profile.sh).
+  // it holds nothing, the checks below cannot find any, and they cost about
+  // half of the step (TCG guest: 1.5 of 2.7-3.5 us, measured with finer
+  // probes than bench/connect/profile.sh's; docs/PERFORMANCE.md).
   // (The stream's own fields, switch_state(), are no poll's to change.)
   bool polled = false;
   Status<void> st = Ok();
@@ -1611,9 +1612,9 @@ bool Stream::advance_locked(bool full) {
     p = phase();
   }
   // The step above drained the CQ (progress() always, poll_completions()
-  // once established): a second poll here found nothing new but cost a
-  // third of each busy-poll turn on RDMA (bench/connect/profile.sh: 0.95 of
-  // 3.4 us in the TCG guest).
+  // once established): reading the controls with a second poll found
+  // nothing new but cost 0.95 of a 2.7-3.5 us step in the TCG guest
+  // (finer probes than bench/connect/profile.sh's; docs/PERFORMANCE.md).
   if (!rdma_dead_) handle_controls(/*cq_drained=*/deep || conn_->established());
   if (phase() == Phase::kSwitching && ready_sent_ && !rdma_dead_ && out_marker_off_ == 0 &&
       debug_break_switch()) {
