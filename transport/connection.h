@@ -57,6 +57,7 @@ struct Counters {
   uint64_t bytes_received = 0;   // stream bytes copied out by recv()
   uint64_t data_wrs = 0;         // RDMA_WRITE_WITH_IMM posted
   uint64_t inline_wrs = 0;       // of which inline
+  uint64_t data_posts = 0;       // ibv_post_send calls that carried them (chained)
   uint64_t data_recvs = 0;       // DATA completions received
   uint64_t credits_sent = 0;
   uint64_t credits_received = 0;

@@ -20,6 +20,7 @@ namespace {
 constexpr uint64_t kRecvTag = uint64_t{1} << 63;  // wr_id of receive WRs: tag | slot
 constexpr size_t kMaxInlineStack = 256;
 constexpr int kPollBatch = 16;
+constexpr int kMaxChain = 8;  // data WRs per post (the stack holds them: 8 x 144 bytes)
 constexpr size_t kMaxControlQueue = 256;  // unread app control messages before we call it abuse
 
 // Walks a span of iovecs as one byte sequence.
@@ -380,54 +381,76 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
 
   const size_t inline_limit = std::min<size_t>({tun_.inline_threshold, max_inline_, kMaxInlineStack});
   const uint64_t max_chunk = std::max<uint64_t>(tx_.ring_bytes() / 8, 4096);
+  // The chunks of one call go to the device as one chained post: on rxe
+  // every ibv_post_send is a doorbell syscall (and the requester's run in
+  // the caller), so a 16 KiB write into a 64 KiB ring (two ring/8 chunks)
+  // or a wrapping one costs one, not two. Each WR's bookkeeping is done as
+  // it is built, since the next one's position, signalling and credit
+  // depend on it; a failed post fails the connection, and the bytes of the
+  // WRs before the one the device refused are the ones reported sent.
+  ibv_sge sges[kMaxChain];
+  ibv_send_wr wrs[kMaxChain];
+  size_t lens[kMaxChain];
   size_t total = 0;
-  while (left > 0) {
-    if (sq_free() < 2 || tx_.free_slots() < 2 || tx_.contiguous() == 0) {
-      ++ctr_.credit_stalls;
-      break;
+  while (left > 0 && state_ != State::kError) {
+    int k = 0;
+    while (k < kMaxChain && left > 0) {
+      if (sq_free() < 2 || tx_.free_slots() < 2 || tx_.contiguous() == 0) {
+        ++ctr_.credit_stalls;
+        break;
+      }
+      size_t n = std::min<uint64_t>({left, tx_.contiguous(), max_chunk, sring_.contiguous()});
+      if (n == 0) break;  // local ring full: wait for completions and credits
+      // Every byte goes through the send ring, inline ones too: it is the
+      // copy a reverse switch resends from (SendRing). Inline data is read
+      // from there by the post itself; the rest by the device.
+      std::byte* dst = tx_cur_->mem + sring_.offset();
+      cur.copy(dst, n, false);
+      sring_.produce(n);
+      sges[k] = {reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(n), tx_cur_->mr->lkey};
+      ibv_send_wr& wr = wrs[k];
+      wr = {};
+      if (n <= inline_limit) {
+        wr.send_flags = IBV_SEND_INLINE;
+        ++ctr_.inline_wrs;
+      }
+      bool sig = signal_next(false);
+      if (sig) wr.send_flags |= IBV_SEND_SIGNALED;
+      wr.wr_id = sring_.head();
+      wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      wr.imm_data = htonl(wire::make_imm(wire::Op::kData, data_pos()
+                                                              ? wire::data_pos_value(tx_.head())
+                                                              : static_cast<uint32_t>(n)));
+      wr.sg_list = &sges[k];
+      wr.num_sge = 1;
+      wr.wr.rdma.remote_addr = peer_.ring_addr + tx_.offset();
+      wr.wr.rdma.rkey = peer_.ring_rkey;
+      if (k > 0) wrs[k - 1].next = &wr;
+      lens[k++] = n;
+      tx_.on_data(n);
+      on_posted(sig);
+      left -= n;
     }
-    size_t n = std::min<uint64_t>({left, tx_.contiguous(), max_chunk, sring_.contiguous()});
-    if (n == 0) break;  // local ring full: wait for completions and credits
-    // Every byte goes through the send ring, inline ones too: it is the copy
-    // a reverse switch resends from (SendRing). Inline data is read from
-    // there by the post itself; the rest by the device.
-    ibv_sge sge{};
-    ibv_send_wr wr{};
-    std::byte* dst = tx_cur_->mem + sring_.offset();
-    cur.copy(dst, n, false);
-    sring_.produce(n);
-    sge = {reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(n), tx_cur_->mr->lkey};
-    if (n <= inline_limit) {
-      wr.send_flags = IBV_SEND_INLINE;
-      ++ctr_.inline_wrs;
-    }
-    bool sig = signal_next(false);
-    if (sig) wr.send_flags |= IBV_SEND_SIGNALED;
-    wr.wr_id = sring_.head();
-    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-    wr.imm_data = htonl(wire::make_imm(wire::Op::kData, data_pos()
-                                                            ? wire::data_pos_value(tx_.head())
-                                                            : static_cast<uint32_t>(n)));
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.wr.rdma.remote_addr = peer_.ring_addr + tx_.offset();
-    wr.wr.rdma.rkey = peer_.ring_rkey;
-    ibv_send_wr* bad;
+    if (k == 0) break;
+    ibv_send_wr* bad = nullptr;
     int posted;
     {
       profile::Scope timed(profile::Probe::kPostSend);
-      posted = ibv_post_send(qp_, &wr, &bad);
+      posted = ibv_post_send(qp_, &wrs[0], &bad);
     }
+    int ok = k;
+    ++ctr_.data_posts;
     if (posted != 0) {
+      ok = 0;
+      while (ok < k && &wrs[ok] != bad) ++ok;
       fail(ECONNRESET);
-      break;
     }
-    tx_.on_data(n);
-    on_posted(sig);
-    ++ctr_.data_wrs;
-    ctr_.bytes_sent += n;
-    total += n;
-    left -= n;
+    for (int i = 0; i < ok; ++i) {
+      ++ctr_.data_wrs;
+      ctr_.bytes_sent += lens[i];
+      total += lens[i];
+    }
+    if (k < kMaxChain) break;  // stopped by credit or ring space, or done
   }
   if (total > 0) {
     last_tx_ns_ = coarse_now_ns();

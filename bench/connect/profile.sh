@@ -1,15 +1,16 @@
 #!/bin/bash
-# bench/connect/profile.sh PROFILE_BUILD [ROUNDS] -- inside tools/rxe-vm:
-# where a 64 B one-way goes (docs/PERFORMANCE.md, "Where a 64 B one-way
+# bench/connect/profile.sh PROFILE_BUILD [ROUNDS] [SIZE] -- inside tools/rxe-vm:
+# where a SIZE-byte (default 64) one-way goes (docs/PERFORMANCE.md, "Where a 64 B one-way
 # goes"). PROFILE_BUILD is a build tree configured with -DRSOCK_PROFILE=ON
 # (targets rsock and rsock_connect_bench are enough). Each round runs raw
 # verbs (ib_send_lat, ib_write_lat), then rsock_connect_bench's blocking
-# 64 B ping-pong (4 s after 1 s of warm-up) over librsock, and prints the
+# SIZE-byte ping-pong (4 s after 1 s of warm-up) over librsock, and prints the
 # ping-pong's figures with both processes' data-path counters
 # (util/profile.h). A benchmark: it measures, it never fails on speed.
 set -uo pipefail
-B=$(cd "${1:?usage: profile.sh PROFILE_BUILD [ROUNDS]}" && pwd) || exit 1
-ROUNDS=${2:-3} H=10.77.0.1
+B=$(cd "${1:?usage: profile.sh PROFILE_BUILD [ROUNDS] [SIZE]}" && pwd) || exit 1
+ROUNDS=${2:-3} SIZE=${3:-64} H=10.77.0.1
+ITERS=20000; [ "$SIZE" -gt 1024 ] && ITERS=2000  # (a 16 KiB round trip takes ~2 ms here)
 [ -n "$(ls /sys/class/infiniband 2>/dev/null)" ] || { echo "SKIP: no RDMA device (run inside tools/rxe-vm)"; exit 77; }
 ulimit -l unlimited 2>/dev/null
 CB=$B/bench/connect/rsock_connect_bench
@@ -19,10 +20,10 @@ grep -q 'RSOCK_PROFILE:BOOL=ON' "$B/CMakeCache.txt" 2>/dev/null ||
 T=$(mktemp -d /tmp/profile.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$T"' EXIT
 raw() {  # TOOL -- one-way typical (median) in us
-  "$1" -R -s 64 -n 20000 >/dev/null 2>&1 &
+  "$1" -R -s "$SIZE" -n "$ITERS" >/dev/null 2>&1 &
   local s=$!
   sleep 2
-  "$1" -R -s 64 -n 20000 "$H" 2>/dev/null | awk '$1 == 64 {print $5}'
+  "$1" -R -s "$SIZE" -n "$ITERS" "$H" 2>/dev/null | awk -v s="$SIZE" '$1 == s {print $5}'
   wait $s
 }
 for r in $(seq "$ROUNDS"); do
@@ -32,7 +33,7 @@ for r in $(seq "$ROUNDS"); do
   LD_PRELOAD=$B/librsock.so "$CB" server "$H" "$port" >"$T/srv" 2>&1 &
   srv=$!
   sleep 1
-  LD_PRELOAD=$B/librsock.so "$CB" pingpong "$H" "$port" 64 4 1 >"$T/cli" 2>&1
+  LD_PRELOAD=$B/librsock.so "$CB" pingpong "$H" "$port" "$SIZE" 4 1 >"$T/cli" 2>&1
   sleep 1  # the server's connection thread prints at the client's end-of-file
   kill $srv 2>/dev/null
   wait $srv 2>/dev/null

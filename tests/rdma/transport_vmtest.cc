@@ -115,10 +115,16 @@ int stream_case() {
     send_all(*c, &end, sizeof end);
     CHECK(c->shutdown_write().ok(), "shutdown_write");
     const auto& k = c->counters();
-    log_line("stream client: %u frames, data WRs %llu (inline %llu), credit stalls %llu, max_inline %u",
-             seq, (unsigned long long)k.data_wrs, (unsigned long long)k.inline_wrs,
+    log_line("stream client: %u frames, data WRs %llu in %llu posts (inline %llu), credit stalls %llu, "
+             "max_inline %u",
+             seq, (unsigned long long)k.data_wrs, (unsigned long long)k.data_posts,
+             (unsigned long long)k.inline_wrs,
              (unsigned long long)k.credit_stalls, c->max_inline());
     CHECK(k.data_wrs > 0 && k.bytes_sent >= bytes, "no RDMA writes counted");
+    // Frames of up to 4 MiB into a ring of eighth-ring chunks: sends of
+    // several chunks went out chained, one post each.
+    CHECK(k.data_posts > 0 && k.data_posts < k.data_wrs, "no chained posts: %llu WRs in %llu posts",
+          (unsigned long long)k.data_wrs, (unsigned long long)k.data_posts);
     // Wait for the server's EOF check to finish: its close arrives as FIN.
     char x;
     CHECK(!recv_all(*c, &x, 1), "unexpected data from server");
