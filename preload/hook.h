@@ -17,6 +17,7 @@
 #include <span>
 
 #include "socket/fd_table.h"
+#include "socket/signals.h"
 #include "socket/stream.h"
 #include "util/status.h"
 #include "util/sys.h"
@@ -36,15 +37,19 @@ inline const sys::Libc& real() {
   return sys::libc;
 }
 
-// Depth of librsock's own code on this thread. While > 0 every hook is a plain
-// pass-through: calls that rdma-core or our own code make must never be
-// interpreted as the application's.
-extern thread_local int t_depth __attribute__((tls_model("initial-exec")));
+// Depth of librsock's own code on this thread (socket/signals.h). While > 0
+// every hook is a plain pass-through: calls that rdma-core or our own code
+// make must never be interpreted as the application's. Leaving depth 0 runs
+// the application's signal handlers that came meanwhile (socket/signals.h).
+using socket::t_depth;
 
 class HookScope {
  public:
   HookScope() : saved_errno_(errno) { ++t_depth; }
-  ~HookScope() { --t_depth; }
+  ~HookScope() {
+    if (--t_depth == 0 && socket::t_deferred.load(std::memory_order_relaxed) != 0) [[unlikely]]
+      socket::run_deferred_signals();
+  }
   HookScope(const HookScope&) = delete;
   HookScope& operator=(const HookScope&) = delete;
 
@@ -94,6 +99,27 @@ class HookScope {
  private:
   int saved_errno_;
 };
+
+// Around a call the outermost hook hands to the kernel and that may block
+// (read, accept, poll, ...): the thread is at depth 0 for it. Nothing of
+// librsock's is held there (at most the socket's reference), so an
+// application handler that runs meanwhile is the program's own: its socket
+// calls are interpreted, and one that siglongjmps out leaves the depth as
+// the program's code needs it (socket/signals.h; only the reference leaks).
+// A nested call (depth > 1) stays nested.
+class KernelCall {
+ public:
+  KernelCall() : depth_(t_depth) {
+    if (depth_ == 1) t_depth = 0;
+  }
+  ~KernelCall() { t_depth = depth_; }
+  KernelCall(const KernelCall&) = delete;
+  KernelCall& operator=(const KernelCall&) = delete;
+
+ private:
+  int depth_;
+};
+#define RSOCK_KERNEL(call) ({ ::rsock::preload::KernelCall kc_; call; })
 
 // The stream that governs a tracked socket's I/O, or null (plain kernel TCP).
 inline socket::Stream* governing(const socket::SocketRef& s) {

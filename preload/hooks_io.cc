@@ -262,9 +262,9 @@ using rsock::preload::stream_send;
     if (auto s = h.tracked(fd)) {                          \
       ssize_t out;                                         \
       if (via) return static_cast<ret>(out);               \
-      return h.io(s, real().call);                         \
+      return h.io(s, RSOCK_KERNEL(real().call));           \
     }                                                      \
-    return real().call;                                    \
+    return RSOCK_KERNEL(real().call);                      \
   }
 #define RX1(b, n, f) ({ iovec v_{b, n}; stream_recv(h, s, {&v_, 1}, f, &out); })
 #define TX1(b, n, f) ({ iovec v_{const_cast<void*>(static_cast<const void*>(b)), n}; \
@@ -312,9 +312,9 @@ RSOCK_HOOK ssize_t recvmsg(int fd, struct msghdr* m, int f) noexcept {
   if (auto s = h.tracked(fd)) {
     ssize_t out;
     if (recvmsg_via(h, s, m, f, &out)) return out;
-    return h.io_rx(s, real().recvmsg(fd, m, f));
+    return h.io_rx(s, RSOCK_KERNEL(real().recvmsg(fd, m, f)));
   }
-  ssize_t r = real().recvmsg(fd, m, f);
+  ssize_t r = RSOCK_KERNEL(real().recvmsg(fd, m, f));
   if (r >= 0 && m != nullptr && m->msg_controllen > 0 && h.outermost())
     rsock::preload::adopt_received_fds(m);
   return h.pass(r);
@@ -349,7 +349,7 @@ RSOCK_HOOK int recvmmsg(int fd, struct mmsghdr* m, unsigned n, int f, struct tim
     int out;
     if (mmsg_via<true>(h, s, m, n, f, &out)) return out;
   }
-  int r = real().recvmmsg(fd, m, n, f, t);
+  int r = RSOCK_KERNEL(real().recvmmsg(fd, m, n, f, t));
   if (auto s = h.tracked(fd); s && r > 0) s->on_tcp_rx(rsock::preload::mmsg_bytes(m, r));
   return h.pass(r);
 }
@@ -415,7 +415,7 @@ RSOCK_HOOK ssize_t sendmsg(int fd, const struct msghdr* m, int f) noexcept {
   if (auto s = h.tracked(fd)) {
     ssize_t out;
     if (stream_send(h, s, {m->msg_iov, m->msg_iovlen}, f, &out)) return out;
-    return h.io_tx(s, real().sendmsg(fd, m, f));
+    return h.io_tx(s, RSOCK_KERNEL(real().sendmsg(fd, m, f)));
   }
   hand_off_passed_fds(h, m);
   ssize_t r = real().sendmsg(fd, m, f);

@@ -32,7 +32,7 @@ RSOCK_HOOK int poll(struct pollfd* p, nfds_t n, int timeout) noexcept {
   HookScope h;
   timespec ts = ms_to_ts(timeout);
   RSOCK_TRY_EMULATED(h, rsock::socket::poll_emulated(p, n, timeout < 0 ? nullptr : &ts, nullptr));
-  return h.pass(real().poll(p, n, timeout));
+  return h.pass(RSOCK_KERNEL(real().poll(p, n, timeout)));
 }
 
 RSOCK_HOOK int __poll_chk(struct pollfd* p, nfds_t n, int timeout, size_t plen) noexcept {
@@ -41,21 +41,21 @@ RSOCK_HOOK int __poll_chk(struct pollfd* p, nfds_t n, int timeout, size_t plen) 
     timespec ts = ms_to_ts(timeout);
     RSOCK_TRY_EMULATED(h, rsock::socket::poll_emulated(p, n, timeout < 0 ? nullptr : &ts, nullptr));
   }
-  return h.pass(real().__poll_chk(p, n, timeout, plen));
+  return h.pass(RSOCK_KERNEL(real().__poll_chk(p, n, timeout, plen)));
 }
 
 RSOCK_HOOK int ppoll(struct pollfd* p, nfds_t n, const struct timespec* t,
                      const sigset_t* s) noexcept {
   HookScope h;
   RSOCK_TRY_EMULATED(h, rsock::socket::poll_emulated(p, n, t, s));
-  return h.pass(real().ppoll(p, n, t, s));
+  return h.pass(RSOCK_KERNEL(real().ppoll(p, n, t, s)));
 }
 
 RSOCK_HOOK int __ppoll_chk(struct pollfd* p, nfds_t n, const struct timespec* t,
                            const sigset_t* s, size_t plen) noexcept {
   HookScope h;
   if (n <= plen / sizeof(*p)) RSOCK_TRY_EMULATED(h, rsock::socket::poll_emulated(p, n, t, s));
-  return h.pass(real().__ppoll_chk(p, n, t, s, plen));
+  return h.pass(RSOCK_KERNEL(real().__ppoll_chk(p, n, t, s, plen)));
 }
 
 RSOCK_HOOK int select(int n, fd_set* r, fd_set* w, fd_set* e, struct timeval* t) noexcept {
@@ -72,7 +72,7 @@ RSOCK_HOOK int select(int n, fd_set* r, fd_set* w, fd_set* e, struct timeval* t)
       return h.finish(res);
     }
   }
-  return h.pass(real().select(n, r, w, e, t));
+  return h.pass(RSOCK_KERNEL(real().select(n, r, w, e, t)));
 }
 
 RSOCK_HOOK int pselect(int n, fd_set* r, fd_set* w, fd_set* e, const struct timespec* t,
@@ -87,7 +87,7 @@ RSOCK_HOOK int pselect(int n, fd_set* r, fd_set* w, fd_set* e, const struct time
     auto res = rsock::socket::select_emulated(n, r, w, e, tp, s);
     if (res.ok() || res.error() != kRedoPlain) return h.finish(res);
   }
-  return h.pass(real().pselect(n, r, w, e, t, s));
+  return h.pass(RSOCK_KERNEL(real().pselect(n, r, w, e, t, s)));
 }
 
 RSOCK_HOOK int epoll_create(int size) noexcept {
@@ -135,7 +135,7 @@ int epoll_common(HookScope& h, int ep, struct epoll_event* ev, int n, const time
     auto r = rsock::socket::epoll_wait_emulated(ep, ev, n, t, s);
     if (r.ok() || r.error() != kRedoPlain) return h.finish(r);
   }
-  int r = kernel(ep, ev, n, t, s, ms);
+  int r = RSOCK_KERNEL(kernel(ep, ev, n, t, s, ms));
   if (r > 0) r = rsock::socket::epoll_filter_internal(ep, ev, r);
   return h.pass(r);
 }

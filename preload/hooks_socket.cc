@@ -209,19 +209,19 @@ RSOCK_HOOK int listen(int fd, int backlog) noexcept {
 RSOCK_HOOK int accept(int fd, struct sockaddr* addr, socklen_t* len) noexcept {
   HookScope h;
   rsock::socket::listener_in_use(fd);  // before it blocks: see rendezvous.h
-  return rsock::preload::accept_common(h, fd, real().accept(fd, addr, len), 0);
+  return rsock::preload::accept_common(h, fd, RSOCK_KERNEL(real().accept(fd, addr, len)), 0);
 }
 
 RSOCK_HOOK int accept4(int fd, struct sockaddr* addr, socklen_t* len, int flags) noexcept {
   HookScope h;
   rsock::socket::listener_in_use(fd);
-  return rsock::preload::accept_common(h, fd, real().accept4(fd, addr, len, flags), flags);
+  return rsock::preload::accept_common(h, fd, RSOCK_KERNEL(real().accept4(fd, addr, len, flags)), flags);
 }
 
 RSOCK_HOOK int connect(int fd, const struct sockaddr* addr, socklen_t len) noexcept {
   HookScope h;
   auto s = h.tracked(fd);
-  int r = real().connect(fd, addr, len);
+  int r = RSOCK_KERNEL(real().connect(fd, addr, len));
   if (s && (r == 0 || errno == EINPROGRESS)) {
     int saved = errno;
     s->set_role(Role::kClient);

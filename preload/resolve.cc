@@ -12,7 +12,6 @@
 namespace rsock::preload {
 
 std::atomic<bool> g_resolved{false};
-thread_local int t_depth __attribute__((tls_model("initial-exec"))) = 0;
 
 namespace {
 

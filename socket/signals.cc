@@ -1,14 +1,37 @@
 #include "socket/signals.h"
 
+#include <pthread.h>
+#include <ucontext.h>
+
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <utility>
 
 #include "util/sys.h"
 
 namespace rsock::socket {
 
+thread_local int t_depth __attribute__((tls_model("initial-exec"))) = 0;
+thread_local std::atomic<int> t_deferred __attribute__((tls_model("initial-exec"))){0};
+
 namespace {
+
+// Handler calls deferred while the thread ran librsock's code (signals.h).
+// Appended only at depth > 0 (by the trampoline), taken only at depth 0, so
+// the two never overlap on one thread. The handler and its flags are the
+// ones of the delivery (SA_RESETHAND may have reset them since).
+struct Deferred {
+  int sig;
+  int flags;
+  uintptr_t fn;
+  siginfo_t info;
+};
+constexpr int kMaxDeferred = 4;
+thread_local Deferred t_queue[kMaxDeferred] __attribute__((tls_model("initial-exec")));
+// In an emulated call (a SignalWatch lives): its restart point runs deferred
+// SA_RESTART handlers.
+thread_local bool t_emulated __attribute__((tls_model("initial-exec"))) = false;
 
 // Bit (sig - 1): the application has a handler for sig. These are the
 // signals a Sleep blocks until the sleep starts.
@@ -45,6 +68,21 @@ bool is_caught(const struct sigaction& sa) {
   return sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
 }
 
+// Whether a handler may wait for the end of the librsock call it
+// interrupted: not a fault's (the faulting code must not go on), not a
+// profiler's (it samples the interrupted context), and SA_RESTART's only
+// in an emulated call (a call passed to the kernel may go on for long).
+bool deferrable(int sig, int flags) {
+  if ((flags & SA_RESTART) && !t_emulated) return false;
+  switch (sig) {
+    case SIGSEGV: case SIGBUS: case SIGILL: case SIGFPE: case SIGTRAP: case SIGSYS:
+    case SIGPROF: case SIGVTALRM:
+      return false;
+    default:
+      return true;
+  }
+}
+
 void trampoline(int sig, siginfo_t* info, void* ctx) {
   uintptr_t fn = g_user[sig].fn.load(std::memory_order_acquire);
   int flags = g_user[sig].flags.load(std::memory_order_acquire);
@@ -56,6 +94,15 @@ void trampoline(int sig, siginfo_t* info, void* ctx) {
     errno = saved;
   }
   if (flags & SA_RESETHAND) set_caught(sig, false);  // the kernel reset it to SIG_DFL
+  if (t_depth > 0 && deferrable(sig, flags)) {
+    // (The slot is taken before it is filled: another signal may nest here.)
+    int n = t_deferred.fetch_add(1, std::memory_order_relaxed);
+    if (n < kMaxDeferred) {
+      t_queue[n] = {sig, flags, fn, info ? *info : siginfo_t{}};
+      return;
+    }
+    t_deferred.fetch_sub(1, std::memory_order_relaxed);
+  }
   t_handlers++;
   if (flags & SA_SIGINFO)
     reinterpret_cast<void (*)(int, siginfo_t*, void*)>(fn)(sig, info, ctx);
@@ -80,6 +127,35 @@ sigset_t caught_set() {
 }  // namespace
 
 bool in_signal_handler() { return t_handlers > 0; }
+
+void run_deferred_signals() {
+  while (int n = t_deferred.load(std::memory_order_relaxed)) {
+    Deferred d = t_queue[0];
+    for (int i = 1; i < n; ++i) t_queue[i - 1] = t_queue[i];
+    t_deferred.store(n - 1, std::memory_order_relaxed);
+    // As the kernel runs it: with its sa_mask and itself blocked (unless
+    // SA_NODEFER), errno kept, and a context to hand to an SA_SIGINFO
+    // handler (this point's: the signal is delivered here now). Not counted
+    // in t_handlers: the interrupted code holds nothing now (_exit from it
+    // may flush), and one that jumps out would leave the count raised.
+    struct sigaction sa {};
+    sigset_t block, old;
+    sigemptyset(&block);
+    if (sys::libc.sigaction(d.sig, nullptr, &sa) == 0) block = sa.sa_mask;
+    if (!(d.flags & SA_NODEFER)) sigaddset(&block, d.sig);
+    const bool masked = pthread_sigmask(SIG_BLOCK, &block, &old) == 0;
+    int saved = errno;
+    if (d.flags & SA_SIGINFO) {
+      ucontext_t uc;
+      getcontext(&uc);
+      reinterpret_cast<void (*)(int, siginfo_t*, void*)>(d.fn)(d.sig, &d.info, &uc);
+    } else if (d.fn != uintptr_t(SIG_DFL) && d.fn != uintptr_t(SIG_IGN)) {
+      reinterpret_cast<void (*)(int)>(d.fn)(d.sig);
+    }
+    errno = saved;
+    if (masked) pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
+}
 
 void signals_scan() {
   for (int sig = 1; sig < NSIG && sig <= 64; sig++) {
@@ -131,7 +207,28 @@ int signal_action(int sig, const struct sigaction* act, struct sigaction* old) {
 
 SignalWatch::SignalWatch()
     : intr_(t_intr_runs.load(std::memory_order_relaxed)),
-      restart_(t_restart_runs.load(std::memory_order_relaxed)) {}
+      restart_(t_restart_runs.load(std::memory_order_relaxed)),
+      outer_(t_emulated) {
+  t_emulated = true;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
+SignalWatch::~SignalWatch() {
+  t_emulated = outer_;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
+void run_deferred_at_restart() {
+  if (t_deferred.load(std::memory_order_relaxed) == 0) return;
+  // As the application's code: a handler's own socket calls are the
+  // program's, and one that siglongjmps out lands at depth 0, outside any
+  // emulated call.
+  const int depth = std::exchange(t_depth, 0);
+  const bool emulated = std::exchange(t_emulated, false);
+  run_deferred_signals();
+  t_emulated = emulated;
+  t_depth = depth;
+}
 
 int SignalWatch::check() {
   std::atomic_signal_fence(std::memory_order_seq_cst);

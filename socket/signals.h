@@ -22,14 +22,49 @@
 // that is in the sleep's set (a stream's wake fd), so the sleep ends at once.
 // Only a sleep on kernel fds alone (no such eventfd) blocks the caught
 // signals for that window instead.
+//
+// Handlers without SA_RESTART for asynchronous signals are deferred while the
+// thread runs librsock's code (t_depth > 0): the trampoline counts them and
+// ends the sleep as above, and queues the call; the outermost hook runs them
+// as it returns (run_deferred_signals), when none of librsock's state is
+// held any more. The kernel runs a handler before the interrupted call
+// returns too, so the program sees the same order. The reason: programs
+// time reads out with alarm() and a handler that siglongjmps (read() is
+// async-signal-safe, so that is defined). Run inside librsock, such a
+// handler skipped every destructor of the call it left: the hooks' depth
+// stayed raised (every later call of that thread went straight to the
+// kernel, past its RDMA stream), and so did the sleep's registrations (the
+// completion hub's watcher among them: other threads' sleeps no longer
+// woke). glibc's signal() installs its handlers with SA_RESTART, so those
+// are deferred as well, but only inside an emulated call (a SignalWatch's
+// life), whose restart point runs them (run_deferred_at_restart) before it
+// sleeps again: in a call passed through to the kernel they would wait for
+// the call to end, which with SA_RESTART may be never. Synchronous signals
+// (faults), profiling signals (they want the interrupted context) and any
+// beyond the queue's room run at once, as before. What a deferred handler
+// that siglongjmps still leaves behind: from a restart point, the socket
+// reference its hook held (the socket's memory, never its connection).
 #pragma once
 
 #include <poll.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace rsock::socket {
+
+// Depth of librsock's own code on this thread: the hooks' recursion guard
+// (preload/hook.h), kept here because the trampoline reads it.
+extern thread_local int t_depth __attribute__((tls_model("initial-exec")));
+// Handlers deferred on this thread (above), waiting for depth 0.
+extern thread_local std::atomic<int> t_deferred __attribute__((tls_model("initial-exec")));
+// Runs the deferred handlers, oldest first. Only at depth 0.
+void run_deferred_signals();
+// At an emulated call's restart point (after a sleep that a SA_RESTART
+// handler ended, nothing of the sleep or the socket's lock held): runs the
+// deferred handlers as if at depth 0, and the call goes on.
+void run_deferred_at_restart();
 
 void signals_scan();  // at startup: which signals have handlers already
 // Whether an application signal handler runs on this thread now (through
@@ -43,10 +78,14 @@ int signal_action(int sig, const struct sigaction* act, struct sigaction* old);
 
 inline constexpr int kRestarted = -1;
 
-// What signal handlers ran on this thread since construction.
+// What signal handlers ran on this thread since construction. Its life is
+// an emulated call's (deferral of SA_RESTART handlers, above).
 class SignalWatch {
  public:
   SignalWatch();
+  ~SignalWatch();
+  SignalWatch(const SignalWatch&) = delete;
+  SignalWatch& operator=(const SignalWatch&) = delete;
   // EINTR if a handler without SA_RESTART ran since construction;
   // kRestarted if only SA_RESTART ones ran since the last call that said
   // so; else 0.
@@ -78,6 +117,7 @@ class SignalWatch {
  private:
   uint32_t intr_;
   uint32_t restart_;
+  bool outer_;  // this thread was in an emulated call already
 };
 
 // poll() for a blocking socket call: returns 0 when the caller should

@@ -336,8 +336,9 @@ Status<size_t> Stream::recv(std::span<const iovec> iov, int flags, bool nonblock
       left = int(deadline - now);
     }
     // A socket with a timeout is never restarted (signal(7)).
-    if (int w = wait(POLLIN, left, signals, spun ? 0 : spin_us); w == EINTR || (w == kRestarted && timeout >= 0))
-      return got ? Status<size_t>(got) : Err(EINTR);
+    int w = wait(POLLIN, left, signals, spun ? 0 : spin_us);
+    if (w == EINTR || (w == kRestarted && timeout >= 0)) return got ? Status<size_t>(got) : Err(EINTR);
+    if (w == kRestarted) run_deferred_at_restart();  // (signals.h: then the call goes on)
   }
 }
 
@@ -382,8 +383,9 @@ Status<size_t> Stream::send(std::span<const iovec> iov, int flags, bool nonblock
       if (now >= deadline) return sent ? Status<size_t>(sent) : Err(EAGAIN);
       left = int(deadline - now);
     }
-    if (int w = wait(POLLOUT, left, signals, spun ? 0 : spin_us); w == EINTR || (w == kRestarted && timeout >= 0))
-      return sent ? Status<size_t>(sent) : Err(EINTR);
+    int w = wait(POLLOUT, left, signals, spun ? 0 : spin_us);
+    if (w == EINTR || (w == kRestarted && timeout >= 0)) return sent ? Status<size_t>(sent) : Err(EINTR);
+    if (w == kRestarted) run_deferred_at_restart();  // (signals.h: then the call goes on)
   }
 }
 
