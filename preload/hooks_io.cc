@@ -101,7 +101,11 @@ static bool stream_sendfile(HookScope& h, const socket::SocketRef& s, int in, of
   }
   iovec v{buf, size_t(got)};
   ssize_t sent = 0;
-  if (!stream_send(h, s, {&v, 1}, 0, &sent)) return false;
+  if (!stream_send(h, s, {&v, 1}, 0, &sent)) {
+    // Fell back to TCP: the kernel's sendfile sends from the position we read from.
+    if (!off) lseek64(in, -got, SEEK_CUR);
+    return false;
+  }
   int saved = errno;
   if (sent >= 0 && off) *off += sent;
   if (!off) lseek64(in, sent < 0 ? -got : sent - got, SEEK_CUR);  // give back the unsent rest
