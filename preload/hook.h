@@ -47,7 +47,9 @@ class HookScope {
  public:
   HookScope() : saved_errno_(errno) { ++t_depth; }
   ~HookScope() {
-    if (--t_depth == 0 && socket::t_deferred.load(std::memory_order_relaxed) != 0) [[unlikely]]
+    const bool outer = --t_depth == 0;
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // (the trampoline reads t_depth)
+    if (outer && socket::t_deferred.load(std::memory_order_relaxed) != 0) [[unlikely]]
       socket::run_deferred_signals();
   }
   HookScope(const HookScope&) = delete;
@@ -107,10 +109,17 @@ class HookScope {
 // calls are interpreted, and one that siglongjmps out leaves the depth as
 // the program's code needs it (socket/signals.h; only the reference leaks).
 // A nested call (depth > 1) stays nested.
+// Handlers queued earlier in the hook run first: the kernel call may block
+// for long, and the kernel would have run them before it.
 class KernelCall {
  public:
   KernelCall() : depth_(t_depth) {
-    if (depth_ == 1) t_depth = 0;
+    if (depth_ != 1) return;
+    t_depth = 0;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    if (socket::t_deferred.load(std::memory_order_relaxed) != 0 && socket::t_held_locks == 0)
+        [[unlikely]]
+      socket::run_deferred_signals();
   }
   ~KernelCall() { t_depth = depth_; }
   KernelCall(const KernelCall&) = delete;

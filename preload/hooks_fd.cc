@@ -222,6 +222,7 @@ RSOCK_HOOK pid_t fork(void) noexcept {
   pid_t pid = real().fork();
   rsock::socket::after_fork(pid == 0);
   if (pid == 0) {
+    rsock::socket::forget_deferred_signals();  // the parent runs them
     rsock::socket::note_state_owner();
     rsock::stats::after_fork_child();  // the child publishes its own file
     rsock::socket::progress_after_fork_child();

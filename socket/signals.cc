@@ -14,6 +14,7 @@ namespace rsock::socket {
 
 thread_local int t_depth __attribute__((tls_model("initial-exec"))) = 0;
 thread_local std::atomic<int> t_deferred __attribute__((tls_model("initial-exec"))){0};
+thread_local int t_held_locks __attribute__((tls_model("initial-exec"))) = 0;
 
 namespace {
 
@@ -76,6 +77,7 @@ bool deferrable(int sig, int flags) {
   if ((flags & SA_RESTART) && !t_emulated) return false;
   switch (sig) {
     case SIGSEGV: case SIGBUS: case SIGILL: case SIGFPE: case SIGTRAP: case SIGSYS:
+    case SIGABRT:  // abort() resets it and raises it again: the handler would never run
     case SIGPROF: case SIGVTALRM:
       return false;
     default:
@@ -129,21 +131,33 @@ sigset_t caught_set() {
 bool in_signal_handler() { return t_handlers > 0; }
 
 void run_deferred_signals() {
-  while (int n = t_deferred.load(std::memory_order_relaxed)) {
+  sigset_t all;
+  sigfillset(&all);
+  while (t_deferred.load(std::memory_order_relaxed) != 0) {
+    // The queue is taken with every signal blocked: one that came between
+    // the look and the shift would run at once (depth 0), and a hook its
+    // handler calls would run this queue too, the same entry twice.
+    sigset_t old;
+    if (pthread_sigmask(SIG_BLOCK, &all, &old) != 0) return;
+    int n = t_deferred.load(std::memory_order_relaxed);
+    if (n <= 0 || n > kMaxDeferred) {
+      pthread_sigmask(SIG_SETMASK, &old, nullptr);
+      return;
+    }
     Deferred d = t_queue[0];
     for (int i = 1; i < n; ++i) t_queue[i - 1] = t_queue[i];
     t_deferred.store(n - 1, std::memory_order_relaxed);
-    // As the kernel runs it: with its sa_mask and itself blocked (unless
-    // SA_NODEFER), errno kept, and a context to hand to an SA_SIGINFO
-    // handler (this point's: the signal is delivered here now). Not counted
-    // in t_handlers: the interrupted code holds nothing now (_exit from it
-    // may flush), and one that jumps out would leave the count raised.
+    // As the kernel runs it: the thread's mask plus its sa_mask and itself
+    // (unless SA_NODEFER), errno kept, and a context to hand to an
+    // SA_SIGINFO handler (this point's: the signal is delivered here now).
+    // Not counted in t_handlers: the interrupted code holds nothing now
+    // (_exit from it may flush), and one that jumps out would leave the
+    // count raised.
     struct sigaction sa {};
-    sigset_t block, old;
-    sigemptyset(&block);
-    if (sys::libc.sigaction(d.sig, nullptr, &sa) == 0) block = sa.sa_mask;
-    if (!(d.flags & SA_NODEFER)) sigaddset(&block, d.sig);
-    const bool masked = pthread_sigmask(SIG_BLOCK, &block, &old) == 0;
+    sigset_t mask = old;
+    if (sys::libc.sigaction(d.sig, nullptr, &sa) == 0) sigorset(&mask, &mask, &sa.sa_mask);
+    if (!(d.flags & SA_NODEFER)) sigaddset(&mask, d.sig);
+    pthread_sigmask(SIG_SETMASK, &mask, nullptr);
     int saved = errno;
     if (d.flags & SA_SIGINFO) {
       ucontext_t uc;
@@ -153,9 +167,11 @@ void run_deferred_signals() {
       reinterpret_cast<void (*)(int)>(d.fn)(d.sig);
     }
     errno = saved;
-    if (masked) pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
   }
 }
+
+void forget_deferred_signals() { t_deferred.store(0, std::memory_order_relaxed); }
 
 void signals_scan() {
   for (int sig = 1; sig < NSIG && sig <= 64; sig++) {
@@ -211,6 +227,15 @@ SignalWatch::SignalWatch()
       outer_(t_emulated) {
   t_emulated = true;
   std::atomic_signal_fence(std::memory_order_seq_cst);
+  // Handlers queued earlier in this hook (before the call began) count as
+  // arrived during it: the call ends (EINTR) or reaches its restart point
+  // before it sleeps, where the kernel would have run them first.
+  if (int n = t_deferred.load(std::memory_order_relaxed); n > 0) [[unlikely]] {
+    for (int i = 0; i < n && i < kMaxDeferred; ++i) {
+      if (t_queue[i].flags & SA_RESTART) --restart_;
+      else --intr_;
+    }
+  }
 }
 
 SignalWatch::~SignalWatch() {
@@ -219,7 +244,7 @@ SignalWatch::~SignalWatch() {
 }
 
 void run_deferred_at_restart() {
-  if (t_deferred.load(std::memory_order_relaxed) == 0) return;
+  if (t_deferred.load(std::memory_order_relaxed) == 0 || t_held_locks > 0) return;
   // As the application's code: a handler's own socket calls are the
   // program's, and one that siglongjmps out lands at depth 0, outside any
   // emulated call.

@@ -63,8 +63,14 @@ extern thread_local std::atomic<int> t_deferred __attribute__((tls_model("initia
 void run_deferred_signals();
 // At an emulated call's restart point (after a sleep that a SA_RESTART
 // handler ended, nothing of the sleep or the socket's lock held): runs the
-// deferred handlers as if at depth 0, and the call goes on.
+// deferred handlers as if at depth 0, and the call goes on. Not while
+// t_held_locks > 0 (a lock held across the whole call, Stream::Scratch's):
+// they wait for the hook's end then.
 void run_deferred_at_restart();
+extern thread_local int t_held_locks __attribute__((tls_model("initial-exec")));
+// A fork child has its parent's thread-local queue: its handlers ran, or
+// will run, in the parent.
+void forget_deferred_signals();
 
 void signals_scan();  // at startup: which signals have handlers already
 // Whether an application signal handler runs on this thread now (through

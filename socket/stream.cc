@@ -186,6 +186,7 @@ Stream::~Stream() {
 
 Stream::Scratch::Scratch(Stream& s) : s_(s) {
   s_.scratch_mu_.lock();
+  ++t_held_locks;
   if (!s_.scratch_) {
     void* m = mmap(nullptr, kScratchSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m != MAP_FAILED) s_.scratch_ = static_cast<std::byte*>(m);

@@ -29,6 +29,7 @@
 #include <boost/intrusive/set_hook.hpp>
 
 #include "socket/holders.h"
+#include "socket/signals.h"
 #include "socket/upgrade_wire.h"
 #include "transport/connection.h"
 #include "util/stats_layout.h"
@@ -144,7 +145,10 @@ class Stream {
   class Scratch {
    public:
     explicit Scratch(Stream& s);
-    ~Scratch() { s_.scratch_mu_.unlock(); }
+    ~Scratch() {
+      s_.scratch_mu_.unlock();
+      --t_held_locks;  // (signals.h: no deferred handler runs while it is held)
+    }
     Scratch(const Scratch&) = delete;
     Scratch& operator=(const Scratch&) = delete;
     std::span<std::byte> buf() const { return buf_; }
