@@ -43,7 +43,7 @@ static int after_dup(HookScope& h, int fd, int r) {
 // fcntl and fcntl64 share one body: only the libc entry point differs.
 static int fcntl_common(RsockFcntlFn fn, int fd, int cmd, void* arg) {
   HookScope h;
-  int r = fn(fd, cmd, arg);
+  int r = RSOCK_KERNEL(fn(fd, cmd, arg));  // (F_SETLKW may wait for long)
   if (r < 0) return r;
   switch (cmd) {
     case F_DUPFD:
@@ -164,7 +164,7 @@ RSOCK_HOOK int ioctl(int fd, unsigned long req, ...) noexcept {
       }
     }
   }
-  int r = real().ioctl(fd, req, arg);
+  int r = RSOCK_KERNEL(real().ioctl(fd, req, arg));
   if (r == 0 && req == FIONBIO && arg)
     if (auto s = h.tracked(fd)) s->set_nonblocking(*static_cast<const int*>(arg) != 0);
   return h.pass(r);
