@@ -39,10 +39,12 @@
 // are deferred as well, but only inside an emulated call (a SignalWatch's
 // life), whose restart point runs them (run_deferred_at_restart) before it
 // sleeps again: in a call passed through to the kernel they would wait for
-// the call to end, which with SA_RESTART may be never. Synchronous signals
-// (faults), profiling signals (they want the interrupted context) and any
-// beyond the queue's room run at once, as before. What a deferred handler
-// that siglongjmps still leaves behind: from a restart point, the socket
+// the call to end, which with SA_RESTART may be never. Such a call runs at
+// depth 0 anyway (KernelCall, preload/hook.h): nothing is deferred there.
+// Synchronous signals (faults, and SIGABRT, which abort() raises again),
+// profiling signals (they want the interrupted context) and any beyond the
+// queue's room run at once, as before. What a deferred handler that
+// siglongjmps still leaves behind: from a restart point, the socket
 // reference its hook held (the socket's memory, never its connection).
 #pragma once
 
