@@ -117,8 +117,7 @@ class KernelCall {
     if (depth_ != 1) return;
     t_depth = 0;
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    if (socket::t_deferred.load(std::memory_order_relaxed) != 0 && socket::t_held_locks == 0)
-        [[unlikely]]
+    if (socket::t_deferred.load(std::memory_order_relaxed) != 0) [[unlikely]]
       socket::run_deferred_signals();
   }
   ~KernelCall() { t_depth = depth_; }

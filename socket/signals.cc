@@ -131,6 +131,7 @@ sigset_t caught_set() {
 bool in_signal_handler() { return t_handlers > 0; }
 
 void run_deferred_signals() {
+  if (t_held_locks > 0) return;  // (signals.h: the hook's end runs them)
   sigset_t all;
   sigfillset(&all);
   while (t_deferred.load(std::memory_order_relaxed) != 0) {
@@ -244,7 +245,7 @@ SignalWatch::~SignalWatch() {
 }
 
 void run_deferred_at_restart() {
-  if (t_deferred.load(std::memory_order_relaxed) == 0 || t_held_locks > 0) return;
+  if (t_deferred.load(std::memory_order_relaxed) == 0) return;
   // As the application's code: a handler's own socket calls are the
   // program's, and one that siglongjmps out lands at depth 0, outside any
   // emulated call.

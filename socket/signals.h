@@ -61,13 +61,13 @@ namespace rsock::socket {
 extern thread_local int t_depth __attribute__((tls_model("initial-exec")));
 // Handlers deferred on this thread (above), waiting for depth 0.
 extern thread_local std::atomic<int> t_deferred __attribute__((tls_model("initial-exec")));
-// Runs the deferred handlers, oldest first. Only at depth 0.
+// Runs the deferred handlers, oldest first. Only at depth 0, and not while
+// t_held_locks > 0 (a lock held across a whole call, Stream::Scratch's):
+// they wait for the hook's end then.
 void run_deferred_signals();
 // At an emulated call's restart point (after a sleep that a SA_RESTART
 // handler ended, nothing of the sleep or the socket's lock held): runs the
-// deferred handlers as if at depth 0, and the call goes on. Not while
-// t_held_locks > 0 (a lock held across the whole call, Stream::Scratch's):
-// they wait for the hook's end then.
+// deferred handlers as if at depth 0, and the call goes on.
 void run_deferred_at_restart();
 extern thread_local int t_held_locks __attribute__((tls_model("initial-exec")));
 // A fork child has its parent's thread-local queue: its handlers ran, or

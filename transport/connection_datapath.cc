@@ -20,7 +20,7 @@ namespace {
 constexpr uint64_t kRecvTag = uint64_t{1} << 63;  // wr_id of receive WRs: tag | slot
 constexpr size_t kMaxInlineStack = 256;
 constexpr int kPollBatch = 16;
-constexpr int kMaxChain = 8;  // data WRs per post (the stack holds them: 8 x 144 bytes)
+constexpr int kMaxChain = 8;  // data WRs per post (the stack holds them: 8 x (128 + 16) bytes)
 constexpr size_t kMaxControlQueue = 256;  // unread app control messages before we call it abuse
 
 // Walks a span of iovecs as one byte sequence.
@@ -390,7 +390,6 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
   // WRs before the one the device refused are the ones reported sent.
   ibv_sge sges[kMaxChain];
   ibv_send_wr wrs[kMaxChain];
-  size_t lens[kMaxChain];
   size_t total = 0;
   while (left > 0 && state_ != State::kError) {
     int k = 0;
@@ -426,7 +425,7 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
       wr.wr.rdma.remote_addr = peer_.ring_addr + tx_.offset();
       wr.wr.rdma.rkey = peer_.ring_rkey;
       if (k > 0) wrs[k - 1].next = &wr;
-      lens[k++] = n;
+      ++k;
       tx_.on_data(n);
       on_posted(sig);
       left -= n;
@@ -447,8 +446,8 @@ Status<size_t> Connection::send(std::span<const iovec> iov) {
     }
     for (int i = 0; i < ok; ++i) {
       ++ctr_.data_wrs;
-      ctr_.bytes_sent += lens[i];
-      total += lens[i];
+      ctr_.bytes_sent += sges[i].length;
+      total += sges[i].length;
     }
     if (k < kMaxChain) break;  // stopped by credit or ring space, or done
   }
