@@ -12,9 +12,9 @@
 
 namespace rsock::socket {
 
-thread_local int t_depth __attribute__((tls_model("initial-exec"))) = 0;
-thread_local std::atomic<int> t_deferred __attribute__((tls_model("initial-exec"))){0};
-thread_local int t_held_locks __attribute__((tls_model("initial-exec"))) = 0;
+constinit thread_local int t_depth __attribute__((tls_model("initial-exec"))) = 0;
+constinit thread_local std::atomic<int> t_deferred __attribute__((tls_model("initial-exec"))){0};
+constinit thread_local int t_held_locks __attribute__((tls_model("initial-exec"))) = 0;
 
 namespace {
 

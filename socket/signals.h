@@ -57,10 +57,12 @@
 namespace rsock::socket {
 
 // Depth of librsock's own code on this thread: the hooks' recursion guard
-// (preload/hook.h), kept here because the trampoline reads it.
-extern thread_local int t_depth __attribute__((tls_model("initial-exec")));
+// (preload/hook.h), kept here because the trampoline reads it. (constinit on
+// these: without it every access from another file first tests for a TLS
+// init function, several times per hook.)
+extern constinit thread_local int t_depth __attribute__((tls_model("initial-exec")));
 // Handlers deferred on this thread (above), waiting for depth 0.
-extern thread_local std::atomic<int> t_deferred __attribute__((tls_model("initial-exec")));
+extern constinit thread_local std::atomic<int> t_deferred __attribute__((tls_model("initial-exec")));
 // Runs the deferred handlers, oldest first. Only at depth 0, and not while
 // t_held_locks > 0 (a lock held across a whole call, Stream::Scratch's):
 // they wait for the hook's end then.
@@ -69,7 +71,7 @@ void run_deferred_signals();
 // handler ended, nothing of the sleep or the socket's lock held): runs the
 // deferred handlers as if at depth 0, and the call goes on.
 void run_deferred_at_restart();
-extern thread_local int t_held_locks __attribute__((tls_model("initial-exec")));
+extern constinit thread_local int t_held_locks __attribute__((tls_model("initial-exec")));
 // A fork child has its parent's thread-local queue: its handlers ran, or
 // will run, in the parent.
 void forget_deferred_signals();
