@@ -452,14 +452,16 @@ Workloads (server on 10.77.0.1 in the guest):
   B bytes, which the server side echoes back; bytes echoed per second after
   every socket settled (on RDMA, or TCP); B = 200000 (quick: 20000).
 - **pass-through** (native, no RDMA device): `bench/passthrough/run`,
-  redis-benchmark plain vs preloaded, alternating runs.
+  redis-benchmark plain vs preloaded, alternating runs; besides the rates,
+  each side's CPU microseconds per request (a diagnostic row), and in the
+  targets table the range of the runs' pairs (preloaded/plain, run by run).
 - **diagnostic** rows (median only, no target): the `connect()` call alone,
   and connection setup with librsock on both ends but `RSOCK_DEFAULT=tcp`
   (hooks only, no upgrade started).
 
 Sizes: full run S = 2 s, ping-pong 64 B / 1 KiB / 16 KiB, `ib_send_lat -n
 2000`, 150 connections (+5 warm-up), `redis-benchmark -n 6000`, memcslap
-M = 400 (4000 keys), `iperf3 -t 3`, pass-through `-n 100000 --runs 5`
+M = 400 (4000 keys), `iperf3 -t 3`, pass-through `-n 100000 --runs 9`
 (at `-n 20000 --runs 3` one side's runs spread 29k-82k req/s natively);
 `--quick`: S = 1 s, 64 B only, 20 connections, `-n 1000`, M = 200, `iperf3
 -t 2`, pass-through `-n 2000 --runs 1`.
