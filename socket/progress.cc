@@ -437,7 +437,9 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
     auto c = l->listener->accept(std::move(req), std::as_bytes(std::span(&rep, 1)));
     if (!c) {
       // Rejected with kNoResources. This connection stays on TCP now,
-      // rather than wait out upgrade_timeout_ms for a retry never coming.
+      // rather than wait out upgrade_timeout_ms for a retry that a first
+      // rendezvous never makes. (A client upgrading again does retry on
+      // that answer, to no avail here: bounded, docs/DESIGN.md.)
       stats::count_handshake_error();
       int e = c.error();
       if (e == ENOBUFS) warn_memlock();
@@ -541,7 +543,15 @@ void service_listeners(uint64_t now) {
       // a port held for adopted connections it is one whose instance never
       // published (not adoptable, out of room): "no resources", which its
       // client does not cache against every instance of the service.
-      if (ListenerEntry* l = entry_of(pr.via); l && !l->socket && !l->side && l->closed_until_ns == 0)
+      // So is a request to upgrade again: its connection was on RDMA with
+      // this service, and the process holding it now (a fork child left as
+      // the only holder) may not have made itself reachable yet (stopped,
+      // or slow on a loaded machine). "No resources" lets its client try
+      // again on its schedule; a refusal would keep it on TCP for good.
+      wire::RendezvousRequest rq{};
+      const bool again = request_of(pr.req, &rq) && (rq.flags & wire::kRequestAgain);
+      if (ListenerEntry* l = entry_of(pr.via);
+          again || (l && !l->socket && !l->side && l->closed_until_ns == 0))
         pr.via->reject(std::move(pr.req), transport::RejectReason::kNoResources);
       g_requests.erase(g_requests.begin() + long(i));
     } else {

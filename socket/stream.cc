@@ -528,8 +528,10 @@ void Stream::fall_back(stats::FallbackReason reason, uint8_t peer_reason) {
     // Upgrading again did not work out: the connection stays on TCP with
     // the reason it left RDMA for (no second fallback counted).
     stats::set_state(slot_, stats::ConnState::kEstablished);
-    LOG_DEBUG("fd %d: not upgrading again (%s); staying on TCP", tcp_fd_,
-              stats::fallback_reason_name(reason));
+    // (info: once per connection, and what a log says about a connection
+    // that came back to TCP and did not go up again.)
+    LOG_INFO("fd %d: not upgrading again (%s); staying on TCP", tcp_fd_,
+             stats::fallback_reason_name(reason));
   } else {
     note_fallback(reason, peer_reason);
     LOG_DEBUG("fd %d: staying on TCP (%s)", tcp_fd_, stats::fallback_reason_name(reason));
@@ -1073,9 +1075,14 @@ bool Stream::retry_reupgrade(stats::FallbackReason reason) {
   // attempt anew. (Found by the conformance case of cat exec'd on a
   // connection: the fork child published a side listener, then exec'd.)
   bool moved = redirected_ && (reason == R::kPeerNotRsock || reason == R::kRejected);
+  // A peer out of room says "no resources"; so does a listener's owner whose
+  // hold on this request ran out before the connection's holder there (a
+  // fork child left as its only holder) made itself reachable.
+  bool busy = reason == R::kRejected && conn_ &&
+              conn_->reject_reason() == transport::RejectReason::kNoResources;
   bool transient = reason == R::kResolveFailed || reason == R::kTimeout ||
                    reason == R::kConnectFailed || reason == R::kNoDevice ||
-                   reason == R::kNoResources || reason == R::kMemlock || moved;
+                   reason == R::kNoResources || reason == R::kMemlock || moved || busy;
   if (!transient || ++reup_tries_ >= kReupTries || orphaned_) return false;
   conn_.reset();
   redirected_ = false;  // the next attempt goes to the listener's owner again
