@@ -270,7 +270,7 @@ def main():
             verdict = "met" if q / p >= 0.98 else "MISSED"
             if "-" in spread[1:]:
                 lo, hi = (float(x) for x in spread.split("-"))
-                if lo < 0.98 <= hi:
+                if lo <= 0.98 <= hi:
                     verdict += " (within the spread: not decided by these runs)"
             pt_targets.append(f"| pass-through redis {t} >= 0.98x plain | {q:.0f} vs {p:.0f} req/s | {q / p:.3f} | {spread} | {verdict} |")
         else:
@@ -278,7 +278,8 @@ def main():
             pt_targets.append(f"| pass-through redis {t} >= 0.98x plain | – | – | – | not measured |")
     if len(pt_cpu) == 2:
         (sp, sq), (cp, cq) = pt_cpu["server CPU"], pt_cpu["client CPU"]
-        lines.append(f"| pass-through redis CPU per request (server / client) | CPU us / request, server / client | – | {sp:.2f} / {cp:.2f} | – | {sq:.2f} / {cq:.2f} | – | – | {sq / sp:.3f} / {cq / cp:.3f} |")
+        r = lambda q, p: f"{q / p:.3f}" if p else "–"  # (a --quick run may count 0 ticks)
+        lines.append(f"| pass-through redis CPU per request (server / client) | CPU us / request, server / client | – | {sp:.2f} / {cp:.2f} | – | {sq:.2f} / {cq:.2f} | – | – | {r(sq, sp)} / {r(cq, cp)} |")
     table = "\n".join(lines)
 
     # Targets.
@@ -472,8 +473,10 @@ spread: half the range of the valid rounds, relative to the median (with
 one round, none). Ratios are librsock divided by the other transport, on
 the median latency or the throughput; for latency lower is better, for
 throughput higher. In the targets table, "ratio over the runs" is the
-range any pairing of the two cells' rounds gives; a verdict whose limit
-falls inside it says so: the rounds do not decide it, more are needed.
+range any pairing of the two cells' rounds gives (for pass-through, the
+range of the runs' pairs, each run's two sides back to back); a verdict
+whose limit falls inside it says so: the rounds do not decide it, more are
+needed.
 "n/a [k]" points to note k below, which says why there is no figure.
 
 ## Results
