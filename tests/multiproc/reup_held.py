@@ -22,7 +22,8 @@
 # timer, ends the first attempt.
 import os, signal, socket, subprocess, sys, threading, time
 
-from rdma_env import bytes_of, fallback_of, recv_exactly, skip_unless_rdma, transport_of
+from rdma_env import (bytes_of, echo_to_eof, fallback_of, recv_exactly, skip_unless_rdma,
+                      transport_of)
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 CLIENT = "--client" in sys.argv[2:]
@@ -111,11 +112,7 @@ if pid == 0:
     try:
         lst.close()
         os.kill(os.getpid(), signal.SIGSTOP)
-        while True:
-            b = c.recv(65536)
-            if not b:
-                break
-            c.sendall(b)
+        echo_to_eof(c)
     finally:
         os._exit(0)
 c.close()
