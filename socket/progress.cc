@@ -150,6 +150,10 @@ struct ListenerEntry {
   // requests of its connections arrive at the first socket's, whose share it
   // uses. Dropped when the socket closes.
   bool alias = false;
+  // Its channel may hold events: set when the thread's epoll reports the
+  // channel (and by the once-a-second sweep), cleared by the read that
+  // empties it.
+  bool readable = true;
 };
 
 // A listening socket this fork child inherited: its rdma_cm listener is the
@@ -497,7 +501,11 @@ bool try_redirect_named(transport::IncomingRequest& req, transport::Listener* vi
 void service_listeners(uint64_t now) {
   uint64_t ttl = uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
   for (auto& l : g_listeners) {
-    if (!l.listener) continue;
+    // Read only when its channel polled readable (level-triggered: what a
+    // read leaves is reported again); every read of an empty channel is a
+    // syscall, and this ran at every turn of the thread.
+    if (!l.listener || !l.readable) continue;
+    l.readable = false;
     for (;;) {
       auto r = l.listener->next_request();
       if (!r) break;
@@ -1058,9 +1066,12 @@ void* thread_main(void*) {
   for (;;) {
     bool busy = false;
     int timeout;
+    // One clock read per turn: a syscall in VMs whose clock source the vDSO
+    // cannot read (four per turn were most of the thread's syscalls). The
+    // turn's work is short; a due time it passes is met one turn later.
+    const uint64_t now = now_ns();
     {
       std::lock_guard lk(g_mu);
-      uint64_t now = now_ns();
       service_listeners(now);
       expire_listeners(now);
       // (Not busy for it: a retry is 20 ms to 1 s away, the idle tick is 50.)
@@ -1074,6 +1085,7 @@ void* thread_main(void*) {
         // want_loop() could delay.
         reg()->sweep_ns = now + kSweepNs;
         for (Stream* st : g_streams) activate(st);
+        for (auto& l : g_listeners) l.readable = true;
       }
       for (auto it = g_active.begin(); it != g_active.end();) {
         Stream* st = &*it;
@@ -1137,16 +1149,16 @@ void* thread_main(void*) {
       busy = busy || !g_requests.empty() ||
              std::any_of(g_listeners.begin(), g_listeners.end(),
                          [](const ListenerEntry& e) { return e.closed_until_ns != 0; });
-      timeout = wait_ms(busy, now_ns());
+      timeout = wait_ms(busy, now);
     }
     // Closed connections' kits unused for a while give their pinned memory
     // back (transport/kit_pool.h); outside g_mu, as they are verbs calls.
-    transport::kit_pool::trim(now_ns());
+    transport::kit_pool::trim(now);
     // Kept kits get their next QP (two per tick: one costs up to about
     // 0.9 ms on rxe), so that the connections that take them skip it.
     if (const auto& t = process_config().tunables; t.kit_qp_ahead)
       transport::kit_pool::warm(transport::Connection::inline_wanted(t), 2, t.kit_pool);
-    transport::cq_group::trim(now_ns());  // (CQs of groups left empty, likewise)
+    transport::cq_group::trim(now);  // (CQs of groups left empty, likewise)
     publish_resources();
     awake.unlock();
     int n = sys::libc.epoll_wait(g_epfd, evs, 16, timeout);
@@ -1175,6 +1187,10 @@ void* thread_main(void*) {
           (void)!sys::libc.read(g_cmd_fd, &v, sizeof v);
           continue;
         }
+        bool listener = false;
+        for (auto& l : g_listeners)
+          if (l.listener && tag == uint64_t(uint32_t(l.listener->fd()))) listener = l.readable = true;
+        if (listener) continue;
         for (auto& w : g_watches)
           if (tag == uint64_t(uint32_t(w.fd)) && nfire < 16) fire[nfire++] = w;
       }
@@ -1879,10 +1895,15 @@ void socket_released(Socket* s) {
     if (it != g_awaiting.end()) drop_awaiting(size_t(it - g_awaiting.begin()));
   }
   if (size_t i = st->reg_index; i < g_streams.size() && g_streams[i] == st) {
-    st->orphan();
+    const bool done = st->orphan();
     g_stream_owner[i] = nullptr;  // the thread finishes and deletes it
     activate(st);
-    poke();
+    // One that needs nothing but its delete (a short connection that never
+    // started a rendezvous: the kernel ended it with the application's
+    // close) waits for the thread's next turn, at most an idle tick: a poke
+    // per close woke the thread for each connection of a connect-heavy
+    // program, to contend with its next accept or connect for this lock.
+    if (!done) poke();
   }
 }
 

@@ -2049,7 +2049,7 @@ void Stream::begin_close() {
   closed_second_ = conn_->fin_after_peer();
 }
 
-void Stream::orphan() {
+bool Stream::orphan() {
   std::lock_guard lk(mu_);
   orphaned_ = true;
   // This process holds the socket no more (before anything below goes
@@ -2083,7 +2083,7 @@ void Stream::orphan() {
     if (tcp_owned_.load(std::memory_order_relaxed)) sys::close_owned(tcp_fd_);
     set_tcp_fd(-1, false);
     wake();
-    return;
+    return false;
   }
   if (phase() == Phase::kRdma && (!held_pending() || flush_held())) begin_close();
   // Like a kernel FIN_WAIT, bounded. (The coarse clock: never a syscall, and
@@ -2099,6 +2099,7 @@ void Stream::orphan() {
   // A thread still blocked on the stream looks again (epoll registrations
   // had their last push in release_owner()).
   wake();
+  return phase() == Phase::kPlain && !conn_ && tcp_fd_ < 0 && !closed_second_;
 }
 
 // Anything readable on the idle TCP stream of a closed upgraded connection

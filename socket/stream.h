@@ -215,7 +215,10 @@ class Stream {
   // stream is finished and may be deleted (else keep calling).
   bool linger_done();
   bool tcp_peer_closed();
-  void orphan();                              // app closed its last fd
+  // The application closed its last fd. True when nothing is left for the
+  // progress thread but deleting the stream (no connection, the kernel
+  // ended the TCP stream with the application's close).
+  bool orphan();
   // In a fork child: pending -> plain TCP; switching/RDMA -> ECONNRESET on
   // every call (the RDMA state belongs to the parent). Touches no verbs.
   void detach_after_fork();
