@@ -147,7 +147,9 @@ bool stream_send(HookScope& h, const socket::SocketRef& s, std::span<const iovec
 ssize_t mmsg_bytes(const struct mmsghdr* m, int n);
 
 // Starts tracking a TCP socket that just appeared at `fd` (socket/accept).
-void track_new(int fd, int domain, socket::Role role, bool nonblocking);
+// default_timeouts: see socket::Socket::default_timeouts().
+void track_new(int fd, int domain, socket::Role role, bool nonblocking,
+               bool default_timeouts = false);
 // fd passing: TCP sockets that arrived with SCM_RIGHTS (recvmsg on a UNIX
 // socket) join the fd table as plain TCP (the sender switched them back).
 void adopt_received_fds(const struct msghdr* m);

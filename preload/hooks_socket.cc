@@ -19,11 +19,12 @@ using rsock::socket::Role;
 
 namespace rsock::preload {
 
-void track_new(int fd, int domain, Role role, bool nonblocking) {
+void track_new(int fd, int domain, Role role, bool nonblocking, bool default_timeouts) {
   if (!socket::tracking_enabled()) return;  // invalid config: hands off
   socket::FdTable* t = socket::FdTable::get_or_create();
   if (!t) return;  // no memory for the table: the socket stays plain TCP
   socket::SocketRef s(socket::new_socket(domain, role, nonblocking));
+  if (s) s->set_default_timeouts(default_timeouts);
   if (s) t->install(fd, s.get());
   else t->remove(fd);
 }
@@ -84,19 +85,43 @@ void adopt_received_fds(const struct msghdr* m) {
   }
 }
 
-static int accept_common(HookScope& h, int fd, int r, int flags) {
+// The peer's address as accept() returned it: the caller's buffer, or ours
+// when the caller passed none (the kernel fills either at no extra cost).
+struct AcceptedPeer {
+  sockaddr_storage own{};
+  socklen_t own_len = sizeof own;
+  sockaddr* addr;      // what the kernel is given
+  socklen_t* len;
+  socklen_t room = 0;  // the buffer's size before the call
+  AcceptedPeer(sockaddr* a, socklen_t* l)
+      : addr(a ? a : reinterpret_cast<sockaddr*>(&own)), len(a ? l : &own_len),
+        room(a ? (l ? *l : 0) : socklen_t(sizeof own)) {}
+  // The address if the kernel wrote all of it (not truncated), else null.
+  const sockaddr_storage* get(sockaddr_storage* out) const {
+    if (len == nullptr || *len > room || *len > socklen_t(sizeof *out) ||
+        *len < socklen_t(sizeof(sa_family_t)))
+      return nullptr;
+    *out = {};
+    std::memcpy(out, addr, *len);
+    return out;
+  }
+};
+
+static int accept_common(HookScope& h, int fd, int r, int flags, const AcceptedPeer& ap) {
   if (r < 0) return r;
   socket::SocketRef l = h.tracked(fd);
   if (!l && t_depth == 1) l = adopt_listener(fd);
   if (l) {
-    track_new(r, l->domain(), Role::kAccepted, flags & SOCK_NONBLOCK);
+    track_new(r, l->domain(), Role::kAccepted, flags & SOCK_NONBLOCK, l->default_timeouts());
     if (auto s = socket::lookup(r)) {
       // Both addresses once, for the stats and the upgrade (each syscall
-      // costs tens of microseconds in the TCG guests).
+      // costs tens of microseconds in the TCG guests); the peer's from
+      // accept() itself.
       sockaddr_storage local{}, peer{};
       socklen_t ll = sizeof local, pl = sizeof peer;
-      const bool known = real().getsockname(r, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&
-                         real().getpeername(r, reinterpret_cast<sockaddr*>(&peer), &pl) == 0;
+      const bool known =
+          real().getsockname(r, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&
+          (ap.get(&peer) || real().getpeername(r, reinterpret_cast<sockaddr*>(&peer), &pl) == 0);
       s->open_stats(r, stats::Direction::kServer, known ? reinterpret_cast<sockaddr*>(&local) : nullptr,
                     known ? reinterpret_cast<sockaddr*>(&peer) : nullptr, true);
       socket::start_server_upgrade(l.get(), s.get(), r, known ? &local : nullptr,
@@ -177,7 +202,7 @@ RSOCK_HOOK int socket(int domain, int type, int protocol) noexcept {
   if (fd < 0) return fd;
   // Sockets librsock's own code opens (depth > 1) are never the application's.
   if (rsock::preload::t_depth == 1 && rsock::socket::is_tracked_kind(domain, type, protocol))
-    track_new(fd, domain, Role::kUnknown, type & SOCK_NONBLOCK);
+    track_new(fd, domain, Role::kUnknown, type & SOCK_NONBLOCK, /*default_timeouts=*/true);
   else
     rsock::preload::forget(fd);
   return h.pass(fd);
@@ -209,13 +234,17 @@ RSOCK_HOOK int listen(int fd, int backlog) noexcept {
 RSOCK_HOOK int accept(int fd, struct sockaddr* addr, socklen_t* len) noexcept {
   HookScope h;
   rsock::socket::listener_in_use(fd);  // before it blocks: see rendezvous.h
-  return rsock::preload::accept_common(h, fd, RSOCK_KERNEL(real().accept(fd, addr, len)), 0);
+  rsock::preload::AcceptedPeer ap(addr, len);
+  return rsock::preload::accept_common(h, fd, RSOCK_KERNEL(real().accept(fd, ap.addr, ap.len)), 0,
+                                       ap);
 }
 
 RSOCK_HOOK int accept4(int fd, struct sockaddr* addr, socklen_t* len, int flags) noexcept {
   HookScope h;
   rsock::socket::listener_in_use(fd);
-  return rsock::preload::accept_common(h, fd, RSOCK_KERNEL(real().accept4(fd, addr, len, flags)), flags);
+  rsock::preload::AcceptedPeer ap(addr, len);
+  return rsock::preload::accept_common(
+      h, fd, RSOCK_KERNEL(real().accept4(fd, ap.addr, ap.len, flags)), flags, ap);
 }
 
 RSOCK_HOOK int connect(int fd, const struct sockaddr* addr, socklen_t len) noexcept {
@@ -266,8 +295,10 @@ RSOCK_HOOK int setsockopt(int fd, int level, int opt, const void* val, socklen_t
   int r = real().setsockopt(fd, level, opt, val, len);
   // An upgraded socket's blocking calls keep its timeouts (Stream::socket_timeout).
   if (r == 0 && level == SOL_SOCKET && rsock::preload::is_timeout_opt(opt))
-    if (auto s = h.tracked(fd))
+    if (auto s = h.tracked(fd)) {
+      s->set_default_timeouts(false);
       if (auto* st = s->stream()) st->timeouts_changed();
+    }
   return h.pass(r);
 }
 

@@ -1242,6 +1242,7 @@ Stream* new_stream(Socket* s, int fd, bool client, const sockaddr_storage& local
   auto* st = new (std::nothrow) Stream(fd, client, local, peer, s->slot());
   if (!st) return nullptr;
   if (at) st->adopt_inherited(at[0], at[1]);
+  if (s->default_timeouts()) st->timeouts_none();
   st->set_owner(s);
   std::lock_guard lk(g_mu);
   if (!ensure_thread()) {
@@ -1373,6 +1374,8 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr,
   Stream* st = new_stream(s, fd, true, local, peer, at);
   if (!st) return nullptr;
   s->set_stream(st);
+  // (A setsockopt of another thread between new_stream and here.)
+  if (!s->default_timeouts()) st->timeouts_changed();
   // No poke for a deferred start: the thread looks at active streams at
   // least every idle tick (50 ms), and the application's own next call
   // makes a start that is due (advance_locked). A poke per connect() woke
@@ -1519,6 +1522,7 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd, const sockaddr
   if (!st) return nullptr;
   st->set_listen_table(share ? share : own_share);
   s->set_stream(st);
+  if (!s->default_timeouts()) st->timeouts_changed();  // (as in start_client_upgrade)
   std::lock_guard lk(g_mu);
   add_awaiting(st);
   if (share) {

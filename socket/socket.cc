@@ -38,6 +38,7 @@ void Socket::init(int domain, Role role, bool nonblocking) {
   domain_ = domain;
   role_.store(role, std::memory_order_relaxed);
   nonblocking_.store(nonblocking, std::memory_order_relaxed);
+  default_timeouts_.store(false, std::memory_order_relaxed);
   established_.store(false, std::memory_order_relaxed);
   fallback_.store(stats::FallbackReason::kNone, std::memory_order_relaxed);
   fd_ = -1;

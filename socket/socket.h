@@ -38,6 +38,13 @@ class Socket {
   void set_role(Role r) { role_.store(r, std::memory_order_relaxed); }
   bool nonblocking() const { return nonblocking_.load(std::memory_order_relaxed); }
   void set_nonblocking(bool on) { nonblocking_.store(on, std::memory_order_relaxed); }
+  // SO_RCVTIMEO and SO_SNDTIMEO are known to be the kernel's default (none):
+  // socket() made it here and no setsockopt of either went through our hook
+  // since, or accept() made it from such a listener (the kernel copies a
+  // listener's timeouts). Its stream then need not read them before its
+  // first sleep (Stream::socket_timeout: a getsockopt per connection).
+  bool default_timeouts() const { return default_timeouts_.load(std::memory_order_relaxed); }
+  void set_default_timeouts(bool on) { default_timeouts_.store(on, std::memory_order_relaxed); }
 
   // Accounting for bytes that went through the kernel socket, into the
   // socket's rsock-stat slot (none when stats are off or for listeners).
@@ -124,6 +131,7 @@ class Socket {
   int domain_ = 0;
   std::atomic<Role> role_{Role::kUnknown};
   std::atomic<bool> nonblocking_{false};
+  std::atomic<bool> default_timeouts_{false};
   std::atomic<bool> established_{false};
   std::atomic<stats::FallbackReason> fallback_{stats::FallbackReason::kNone};
   int fd_ = -1;                       // first fd, for addresses and rsock-stat

@@ -108,7 +108,9 @@ class Stream {
   Status<void> shutdown(int how);
   // Current readiness (POLLIN/POLLOUT/POLLRDHUP/POLLHUP/POLLERR subset of
   // `interest` plus POLLHUP/POLLERR), after driving progress.
-  short poll_events(short interest, bool full = true);
+  // `slept_fd`: a TCP fd the caller's sleep polls for `interest` already
+  // (no kernel look at it here: the sleep ends at once if it is ready).
+  short poll_events(short interest, bool full = true, int slept_fd = -1);
   // The fds a waiter for `interest` must sleep on; returns how many (<= 3).
   // `cq` (optional): whether the last one is the completion hub (a sleep on
   // it arms the CQs first: transport/cq_group.h, "Arming").
@@ -131,6 +133,11 @@ class Stream {
   // either. Read every time while another process holds the socket too
   // (its setsockopt is not seen here).
   int socket_timeout(bool rcv);
+  // Both known to be none (Socket::default_timeouts()), before first use.
+  void timeouts_none() {
+    rcvtimeo_ms_.store(-1, std::memory_order_relaxed);
+    sndtimeo_ms_.store(-1, std::memory_order_relaxed);
+  }
   void timeouts_changed() {
     rcvtimeo_ms_.store(kTimeoutUnknown, std::memory_order_relaxed);
     sndtimeo_ms_.store(kTimeoutUnknown, std::memory_order_relaxed);
@@ -562,7 +569,7 @@ class Stream {
   // shutdown(SHUT_WR) deferred during the switch: the FIN, on the path that
   // carries our direction now, after any held bytes.
   void deferred_fin();
-  short events_locked(short interest);
+  short events_locked(short interest, int slept_fd = -1);
   // Under mu_: everything of the switch that readiness depends on, to tell
   // whether a step changed any of it.
   auto switch_state() const {

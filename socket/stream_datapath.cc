@@ -471,7 +471,7 @@ Status<void> Stream::shutdown(int how) {
   return Ok();
 }
 
-short Stream::events_locked(short interest) {
+short Stream::events_locked(short interest, int slept_fd) {
   short ev = 0;
   Phase p = phase();
   // (Not EOF: the peer's record follows its marker. The join itself is
@@ -485,7 +485,7 @@ short Stream::events_locked(short interest) {
     return ev & short(interest | POLLERR | POLLHUP);
   }
   short kernel = 0;
-  if (tcp_rx_open() || tcp_tx_open()) {
+  if ((tcp_rx_open() || tcp_tx_open()) && tcp_fd_ != slept_fd) {
     pollfd pf{tcp_fd_, short(interest | POLLRDHUP), 0};
     if (sys::libc.poll(&pf, 1, 0) == 1) kernel = pf.revents;
   }
@@ -517,11 +517,11 @@ short Stream::events_locked(short interest) {
   return ev & short(interest | POLLERR | POLLHUP);
 }
 
-short Stream::poll_events(short interest, bool full) {
+short Stream::poll_events(short interest, bool full, int slept_fd) {
   std::lock_guard lk(mu_);
   advance_inline(full);
   if (phase() == Phase::kPlain) return -1;
-  return events_locked(interest);
+  return events_locked(interest, slept_fd);
 }
 
 short Stream::peek_events(short interest) {
@@ -590,7 +590,15 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals, uint32_t 
   // again and the next sleep is a real one. A poke that comes after this
   // look ends the sleep like any other.
   uint64_t seen = generation();
-  short ev = poll_events(interest);
+  // The look needs no poll() of the TCP socket the sleep watches itself
+  // (for interest | POLLRDHUP: POLLERR and POLLHUP come anyway): one
+  // syscall fewer per blocking call on a stream still on TCP (a short
+  // connection's only read is one).
+  int slept_fd = -1;
+  for (int i = 1; i < n; i++)
+    if (fds[i].fd == tcp_fd() && (fds[i].events & (interest | POLLRDHUP)) == (interest | POLLRDHUP))
+      slept_fd = fds[i].fd;
+  short ev = poll_events(interest, true, slept_fd);
   if (ev < 0 || (ev & (interest | POLLERR | POLLHUP))) return 0;
   int err = 0;
   // Without a wake fd in the stream's sleepers (none could be created, or

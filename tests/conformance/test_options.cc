@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include "helpers.h"
@@ -92,6 +93,59 @@ TEST_CASE("options: a changed SO_RCVTIMEO applies to the next blocking read") {
   CHECK(read(p.server, &b, 1) == 1);
   CHECK(now_ms() - t0 >= 300);
   w.join();
+}
+
+namespace {
+// A blocking read of `fd` must fail with EAGAIN after about 150 ms (the
+// socket's SO_RCVTIMEO); `peer` writes a byte after 3 s, or as soon as the
+// read returned, so that a lost timeout shows as a late success, not a hang.
+void check_read_times_out(int fd, int peer) {
+  std::promise<void> returned;
+  std::thread w([&peer, f = returned.get_future()] {
+    f.wait_for(std::chrono::seconds(3));
+    (void)!write(peer, "x", 1);
+  });
+  char b = 0;
+  int64_t t0 = now_ms();
+  errno = 0;
+  ssize_t r = read(fd, &b, 1);
+  int e = errno;
+  int64_t took = now_ms() - t0;
+  returned.set_value();
+  w.join();
+  CHECK(r == -1);
+  CHECK(e == EAGAIN);
+  CHECK(took >= 100);
+  CHECK(took < 2500);
+  if (r == -1) CHECK(read(fd, &b, 1) == 1);  // the byte written after it
+}
+}  // namespace
+
+// librsock takes a socket's timeouts as none without asking the kernel only
+// for one that socket() made with no setsockopt of either since (one
+// syscall fewer per connection); these are the two ways around that.
+TEST_CASE("options: an accepted socket has the SO_RCVTIMEO its listener had") {
+  Listener l = make_listener();
+  timeval tv{0, 150000};
+  REQUIRE(setsockopt(l.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+  Fd c(socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(c >= 0);
+  REQUIRE(connect(c, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0);
+  Fd s(accept(l.fd, nullptr, nullptr));
+  REQUIRE(s >= 0);
+  check_read_times_out(s, c);
+}
+
+TEST_CASE("options: SO_RCVTIMEO set before connect() bounds the connection's reads") {
+  Listener l = make_listener();
+  Fd c(socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(c >= 0);
+  timeval tv{0, 150000};
+  REQUIRE(setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+  REQUIRE(connect(c, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0);
+  Fd s(accept(l.fd, nullptr, nullptr));
+  REQUIRE(s >= 0);
+  check_read_times_out(c, s);
 }
 
 TEST_CASE("options: SO_SNDTIMEO bounds a blocking write into a full socket") {
