@@ -404,6 +404,7 @@ static void hand_off_passed_fds(HookScope& h, const struct msghdr* m) {
     // A listening socket: its receiver's connections are found through the
     // port's named table (listener_passing).
     if (s->role() == rsock::socket::Role::kListener) rsock::socket::listener_passing(s.get());
+    s->set_default_timeouts(false);  // (the receiver's setsockopt is not seen here)
     rsock::socket::Stream* st = s->stream();
     if (st == nullptr || !st->governs()) return;
     if (deadline == 0)

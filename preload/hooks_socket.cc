@@ -85,29 +85,7 @@ void adopt_received_fds(const struct msghdr* m) {
   }
 }
 
-// The peer's address as accept() returned it: the caller's buffer, or ours
-// when the caller passed none (the kernel fills either at no extra cost).
-struct AcceptedPeer {
-  sockaddr_storage own{};
-  socklen_t own_len = sizeof own;
-  sockaddr* addr;      // what the kernel is given
-  socklen_t* len;
-  socklen_t room = 0;  // the buffer's size before the call
-  AcceptedPeer(sockaddr* a, socklen_t* l)
-      : addr(a ? a : reinterpret_cast<sockaddr*>(&own)), len(a ? l : &own_len),
-        room(a ? (l ? *l : 0) : socklen_t(sizeof own)) {}
-  // The address if the kernel wrote all of it (not truncated), else null.
-  const sockaddr_storage* get(sockaddr_storage* out) const {
-    if (len == nullptr || *len > room || *len > socklen_t(sizeof *out) ||
-        *len < socklen_t(sizeof(sa_family_t)))
-      return nullptr;
-    *out = {};
-    std::memcpy(out, addr, *len);
-    return out;
-  }
-};
-
-static int accept_common(HookScope& h, int fd, int r, int flags, const AcceptedPeer& ap) {
+static int accept_common(HookScope& h, int fd, int r, int flags) {
   if (r < 0) return r;
   socket::SocketRef l = h.tracked(fd);
   if (!l && t_depth == 1) l = adopt_listener(fd);
@@ -115,13 +93,14 @@ static int accept_common(HookScope& h, int fd, int r, int flags, const AcceptedP
     track_new(r, l->domain(), Role::kAccepted, flags & SOCK_NONBLOCK, l->default_timeouts());
     if (auto s = socket::lookup(r)) {
       // Both addresses once, for the stats and the upgrade (each syscall
-      // costs tens of microseconds in the TCG guests); the peer's from
-      // accept() itself.
+      // costs tens of microseconds in the TCG guests). (Not the peer's from
+      // the program's accept() buffer: its length read before the call would
+      // turn the kernel's EFAULT for a bad pointer into a crash, and another
+      // thread of the program may reuse the buffer before we read it.)
       sockaddr_storage local{}, peer{};
       socklen_t ll = sizeof local, pl = sizeof peer;
-      const bool known =
-          real().getsockname(r, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&
-          (ap.get(&peer) || real().getpeername(r, reinterpret_cast<sockaddr*>(&peer), &pl) == 0);
+      const bool known = real().getsockname(r, reinterpret_cast<sockaddr*>(&local), &ll) == 0 &&
+                         real().getpeername(r, reinterpret_cast<sockaddr*>(&peer), &pl) == 0;
       s->open_stats(r, stats::Direction::kServer, known ? reinterpret_cast<sockaddr*>(&local) : nullptr,
                     known ? reinterpret_cast<sockaddr*>(&peer) : nullptr, true);
       socket::start_server_upgrade(l.get(), s.get(), r, known ? &local : nullptr,
@@ -234,17 +213,13 @@ RSOCK_HOOK int listen(int fd, int backlog) noexcept {
 RSOCK_HOOK int accept(int fd, struct sockaddr* addr, socklen_t* len) noexcept {
   HookScope h;
   rsock::socket::listener_in_use(fd);  // before it blocks: see rendezvous.h
-  rsock::preload::AcceptedPeer ap(addr, len);
-  return rsock::preload::accept_common(h, fd, RSOCK_KERNEL(real().accept(fd, ap.addr, ap.len)), 0,
-                                       ap);
+  return rsock::preload::accept_common(h, fd, RSOCK_KERNEL(real().accept(fd, addr, len)), 0);
 }
 
 RSOCK_HOOK int accept4(int fd, struct sockaddr* addr, socklen_t* len, int flags) noexcept {
   HookScope h;
   rsock::socket::listener_in_use(fd);
-  rsock::preload::AcceptedPeer ap(addr, len);
-  return rsock::preload::accept_common(
-      h, fd, RSOCK_KERNEL(real().accept4(fd, ap.addr, ap.len, flags)), flags, ap);
+  return rsock::preload::accept_common(h, fd, RSOCK_KERNEL(real().accept4(fd, addr, len, flags)), flags);
 }
 
 RSOCK_HOOK int connect(int fd, const struct sockaddr* addr, socklen_t len) noexcept {
@@ -292,13 +267,15 @@ RSOCK_HOOK int setsockopt(int fd, int level, int opt, const void* val, socklen_t
       return h.finish(rsock::Status<void>{});
     }
   }
+  // Not known from now on (before the kernel call: an accept() meanwhile
+  // must not take the listener's timeouts as none).
+  const bool timeo = level == SOL_SOCKET && rsock::preload::is_timeout_opt(opt);
+  rsock::socket::SocketRef s;
+  if (timeo && (s = h.tracked(fd))) s->set_default_timeouts(false);
   int r = real().setsockopt(fd, level, opt, val, len);
   // An upgraded socket's blocking calls keep its timeouts (Stream::socket_timeout).
-  if (r == 0 && level == SOL_SOCKET && rsock::preload::is_timeout_opt(opt))
-    if (auto s = h.tracked(fd)) {
-      s->set_default_timeouts(false);
-      if (auto* st = s->stream()) st->timeouts_changed();
-    }
+  if (r == 0 && s)
+    if (auto* st = s->stream()) st->timeouts_changed();
   return h.pass(r);
 }
 

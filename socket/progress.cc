@@ -1374,7 +1374,10 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr,
   Stream* st = new_stream(s, fd, true, local, peer, at);
   if (!st) return nullptr;
   s->set_stream(st);
-  // (A setsockopt of another thread between new_stream and here.)
+  // (A setsockopt of another thread between new_stream and here: it stores
+  // its mark, then looks for the stream; we store the stream, then look
+  // at the mark. The fence makes one of the two see the other's store.)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   if (!s->default_timeouts()) st->timeouts_changed();
   // No poke for a deferred start: the thread looks at active streams at
   // least every idle tick (50 ms), and the application's own next call
@@ -1522,7 +1525,8 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd, const sockaddr
   if (!st) return nullptr;
   st->set_listen_table(share ? share : own_share);
   s->set_stream(st);
-  if (!s->default_timeouts()) st->timeouts_changed();  // (as in start_client_upgrade)
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // (as in start_client_upgrade)
+  if (!s->default_timeouts()) st->timeouts_changed();
   std::lock_guard lk(g_mu);
   add_awaiting(st);
   if (share) {

@@ -38,7 +38,7 @@ void Socket::init(int domain, Role role, bool nonblocking) {
   domain_ = domain;
   role_.store(role, std::memory_order_relaxed);
   nonblocking_.store(nonblocking, std::memory_order_relaxed);
-  default_timeouts_.store(false, std::memory_order_relaxed);
+  default_timeouts_.store(0, std::memory_order_relaxed);
   established_.store(false, std::memory_order_relaxed);
   fallback_.store(stats::FallbackReason::kNone, std::memory_order_relaxed);
   fd_ = -1;
@@ -168,6 +168,7 @@ Socket* new_socket(int domain, Role role, bool nonblocking) {
 }
 
 void before_fork() {
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);  // (both sides keep it)
   g_pool.lock();
   transport::fork_guard::lock_for_fork();
 }

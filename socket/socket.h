@@ -28,6 +28,11 @@ enum class Role : uint8_t {
   kAccepted,   // returned by accept()/accept4()
 };
 
+// Bumped by every fork() before it forks (both processes keep the new value):
+// what a process knew of a socket before a fork is not known after it.
+inline constinit std::atomic<uint32_t> g_fork_generation{0};
+inline uint32_t fork_generation() { return g_fork_generation.load(std::memory_order_relaxed); }
+
 class Socket {
  public:
   // Called by the pool on (re)use; a fresh socket holds one reference.
@@ -43,8 +48,15 @@ class Socket {
   // since, or accept() made it from such a listener (the kernel copies a
   // listener's timeouts). Its stream then need not read them before its
   // first sleep (Stream::socket_timeout: a getsockopt per connection).
-  bool default_timeouts() const { return default_timeouts_.load(std::memory_order_relaxed); }
-  void set_default_timeouts(bool on) { default_timeouts_.store(on, std::memory_order_relaxed); }
+  // Known only in the process that saw it so: a fork (either side) or
+  // sending the socket away (SCM_RIGHTS) lets another process set them
+  // unseen, so the mark holds the fork generation it was made in.
+  bool default_timeouts() const {
+    return default_timeouts_.load(std::memory_order_seq_cst) == fork_generation() + 1;
+  }
+  void set_default_timeouts(bool on) {
+    default_timeouts_.store(on ? fork_generation() + 1 : 0, std::memory_order_seq_cst);
+  }
 
   // Accounting for bytes that went through the kernel socket, into the
   // socket's rsock-stat slot (none when stats are off or for listeners).
@@ -131,7 +143,7 @@ class Socket {
   int domain_ = 0;
   std::atomic<Role> role_{Role::kUnknown};
   std::atomic<bool> nonblocking_{false};
-  std::atomic<bool> default_timeouts_{false};
+  std::atomic<uint32_t> default_timeouts_{0};  // fork_generation() + 1 when known, else 0
   std::atomic<bool> established_{false};
   std::atomic<stats::FallbackReason> fallback_{stats::FallbackReason::kNone};
   int fd_ = -1;                       // first fd, for addresses and rsock-stat

@@ -109,7 +109,11 @@ void trim(uint64_t now_ns, bool all) {
     {
       std::lock_guard lk(g_mu);
       int i = 0;
-      while (i < g_n && !all && now_ns - g_kits[i].idle_since_ns < kIdleNs) i++;
+      // (A kit returned after our caller read the clock is younger than
+      // now_ns: without the first test the difference wraps and it goes.)
+      while (i < g_n && !all &&
+             (g_kits[i].idle_since_ns > now_ns || now_ns - g_kits[i].idle_since_ns < kIdleNs))
+        i++;
       if (i == g_n) return;
       k = remove_locked(i);
     }

@@ -60,6 +60,38 @@ TEST_CASE("connect: blocking connect, accept and data both ways") {
   CHECK(errno == EISCONN);
 }
 
+// accept()'s address arguments as the kernel fills them: librsock's hook
+// reads the peer's address from them (or from a buffer of its own when
+// the program passes none) and must leave the program's exactly as the
+// kernel left them.
+TEST_CASE("accept: a short address buffer gets what fits and the full length; no buffer, no length") {
+  Listener l = make_listener();
+  Fd c(socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(c >= 0);
+  REQUIRE(connect(c, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0);
+  unsigned char buf[8];
+  memset(buf, 0xab, sizeof buf);
+  socklen_t len = 4;
+  Fd s(accept(l.fd, reinterpret_cast<sockaddr*>(buf), &len));
+  REQUIRE(s >= 0);
+  CHECK(len == sizeof(sockaddr_in));
+  sockaddr_in local{};
+  socklen_t ll = sizeof local;
+  REQUIRE(getsockname(c, reinterpret_cast<sockaddr*>(&local), &ll) == 0);
+  CHECK(memcmp(buf, &local, 4) == 0);  // family and port
+  CHECK(buf[4] == 0xab);               // nothing past the length given
+  exchange_hello(c, s);
+  // No buffer: a length passed anyway is left alone.
+  Fd c2(socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(c2 >= 0);
+  REQUIRE(connect(c2, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0);
+  socklen_t len2 = 99;
+  Fd s2(accept4(l.fd, nullptr, &len2, SOCK_CLOEXEC));
+  REQUIRE(s2 >= 0);
+  CHECK(len2 == 99);
+  exchange_hello(c2, s2);
+}
+
 // A fresh connection takes writes at once on both ends, and says so in
 // poll(), for as long as little is queued. Under librsock the upgrade runs
 // underneath during exactly this time (TCP closes for our bytes at the
