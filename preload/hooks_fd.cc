@@ -248,6 +248,10 @@ RSOCK_HOOK pid_t fork(void) noexcept {
 static void before_exec(bool replaces = true) {
   HookScope h;
   int saved = errno;
+  // The new program may set timeouts on sockets it inherits, unseen here:
+  // what this process knew of them is void (Socket::default_timeouts). (A
+  // vfork child's bump is its parent's too: they share this memory.)
+  rsock::socket::g_fork_generation.fetch_add(1, std::memory_order_relaxed);
   if (h.outermost() && rsock::socket::tracking_enabled() && !rsock::socket::in_vfork_child())
     rsock::socket::progress_before_exec(replaces);
   errno = saved;

@@ -274,6 +274,8 @@ RSOCK_HOOK int setsockopt(int fd, int level, int opt, const void* val, socklen_t
   if (timeo && (s = h.tracked(fd))) s->set_default_timeouts(false);
   int r = real().setsockopt(fd, level, opt, val, len);
   // An upgraded socket's blocking calls keep its timeouts (Stream::socket_timeout).
+  // (The fence pairs with the one after set_stream in socket/progress.cc.)
+  if (s) std::atomic_thread_fence(std::memory_order_seq_cst);
   if (r == 0 && s)
     if (auto* st = s->stream()) st->timeouts_changed();
   return h.pass(r);

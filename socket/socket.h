@@ -28,8 +28,11 @@ enum class Role : uint8_t {
   kAccepted,   // returned by accept()/accept4()
 };
 
-// Bumped by every fork() before it forks (both processes keep the new value):
-// what a process knew of a socket before a fork is not known after it.
+// Bumped by every fork() before it forks (both processes keep the new value)
+// and by every exec or posix_spawn hook (the new program inherits the
+// sockets): what a process knew of a socket before is not known after it.
+// (system() and popen() spawn past every hook; their programs rarely set
+// socket timeouts on inherited fds.)
 inline constinit std::atomic<uint32_t> g_fork_generation{0};
 inline uint32_t fork_generation() { return g_fork_generation.load(std::memory_order_relaxed); }
 
@@ -52,7 +55,8 @@ class Socket {
   // sending the socket away (SCM_RIGHTS) lets another process set them
   // unseen, so the mark holds the fork generation it was made in.
   bool default_timeouts() const {
-    return default_timeouts_.load(std::memory_order_seq_cst) == fork_generation() + 1;
+    const uint32_t v = default_timeouts_.load(std::memory_order_seq_cst);
+    return v != 0 && v == fork_generation() + 1;  // (not at the generation that wraps to 0)
   }
   void set_default_timeouts(bool on) {
     default_timeouts_.store(on ? fork_generation() + 1 : 0, std::memory_order_seq_cst);

@@ -965,6 +965,7 @@ void Stream::enter_shared() {
 // Under mu_: the other holders closed their copies.
 void Stream::become_sole() {
   shared_.store(false, std::memory_order_release);
+  timeouts_changed();  // (another holder may have set them, unseen here)
   bool poisoned = holders::poisoned(holders_);
   // Every holder counted into the slot: these are the stream positions.
   tcp_tx_ = holders_->tx.load(std::memory_order_acquire);

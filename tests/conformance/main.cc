@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <cerrno>
 #include <signal.h>
 #include <unistd.h>
@@ -141,6 +142,12 @@ static int accept_echo_fd3() {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--accept-echo-fd3") return accept_echo_fd3();
+  // (A spawned program that sets a 150 ms SO_RCVTIMEO on the socket it got
+  // as fd 3: test_options.cc.)
+  if (argc == 2 && std::string(argv[1]) == "--rcvtimeo-fd3") {
+    timeval tv{0, 150000};
+    return setsockopt(3, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 ? 0 : 1;
+  }
   conf::install_sigpipe_counter();
   // An RSOCK_CONF_IPV4 that is not configured here (e.g. the VM's rxe address
   // on the host) means "this environment does not apply": skip, don't fail.

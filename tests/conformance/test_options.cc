@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/time.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -130,6 +131,16 @@ void check_read_times_out(int fd, int peer) {
 // librsock takes a socket's timeouts as none without asking the kernel only
 // for one that socket() made with no setsockopt of either since (one
 // syscall fewer per connection); these are the two ways around that.
+// A connection to l: its accepted end's blocking read must time out.
+static void check_accepted_read_times_out(const Listener& l) {
+  Fd c(socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(c >= 0);
+  REQUIRE(connect(c, reinterpret_cast<const sockaddr*>(&l.addr), l.addr_len) == 0);
+  Fd s(accept(l.fd, nullptr, nullptr));
+  REQUIRE(s >= 0);
+  check_read_times_out(s, c);
+}
+
 // A fresh connection whose listener (on_listener) or client socket (before
 // connect()) got a 150 ms SO_RCVTIMEO.
 static Pair pair_with_rcvtimeo(bool on_listener) {
@@ -171,12 +182,26 @@ TEST_CASE("options: SO_RCVTIMEO set on a listener by a fork child holds for the 
   REQUIRE(waitpid(pid, &status, 0) == pid);
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 0);
-  Fd c(socket(AF_INET, SOCK_STREAM, 0));
-  REQUIRE(c >= 0);
-  REQUIRE(connect(c, reinterpret_cast<sockaddr*>(&l.addr), l.addr_len) == 0);
-  Fd s(accept(l.fd, nullptr, nullptr));
-  REQUIRE(s >= 0);
-  check_read_times_out(s, c);
+  check_accepted_read_times_out(l);
+}
+
+// The same through posix_spawn: the spawned program (this binary in a mode
+// of its own, main.cc) sets the timeout on the listener it inherits.
+TEST_CASE("options: SO_RCVTIMEO set on a listener by a spawned program holds for our accepts") {
+  Listener l = make_listener();
+  posix_spawn_file_actions_t fa;
+  REQUIRE(posix_spawn_file_actions_init(&fa) == 0);
+  REQUIRE(posix_spawn_file_actions_adddup2(&fa, l.fd, 3) == 0);
+  const char* argv[] = {"rsock_conformance", "--rcvtimeo-fd3", nullptr};
+  pid_t pid = -1;
+  int sr = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, const_cast<char* const*>(argv), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  REQUIRE(sr == 0);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  check_accepted_read_times_out(l);
 }
 
 TEST_CASE("options: SO_SNDTIMEO bounds a blocking write into a full socket") {
