@@ -24,9 +24,12 @@ void track_new(int fd, int domain, Role role, bool nonblocking, bool default_tim
   socket::FdTable* t = socket::FdTable::get_or_create();
   if (!t) return;  // no memory for the table: the socket stays plain TCP
   socket::SocketRef s(socket::new_socket(domain, role, nonblocking));
-  if (s) s->set_default_timeouts(default_timeouts);
-  if (s) t->install(fd, s.get());
-  else t->remove(fd);
+  if (!s) {
+    t->remove(fd);
+    return;
+  }
+  s->set_default_timeouts(default_timeouts);
+  t->install(fd, s.get());
 }
 
 // Listening sockets inherited across exec (or created before we were loaded)
@@ -274,10 +277,10 @@ RSOCK_HOOK int setsockopt(int fd, int level, int opt, const void* val, socklen_t
   if (timeo && (s = h.tracked(fd))) s->set_default_timeouts(false);
   int r = real().setsockopt(fd, level, opt, val, len);
   // An upgraded socket's blocking calls keep its timeouts (Stream::socket_timeout).
-  // (The fence pairs with the one after set_stream in socket/progress.cc.)
-  if (s) std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (r == 0 && s)
-    if (auto* st = s->stream()) st->timeouts_changed();
+  if (s) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // (see publish_stream)
+    if (auto* st = s->stream(); st && r == 0) st->timeouts_changed();
+  }
   return h.pass(r);
 }
 

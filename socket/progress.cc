@@ -1343,6 +1343,16 @@ void negative_cache_add(const sockaddr_storage& peer, bool whole_host, bool firs
   if (g_negative.size() < 4096) g_negative.push_back({peer, exp, whole_host, exp + ttl, now});
 }
 
+// s's stream from now on. new_stream took the timeouts as none if s's mark
+// said so; a setsockopt of another thread since stored its clearing of the
+// mark, then looks for the stream, while we store the stream, then look at
+// the mark: the fence (and the hook's) makes one of the two see the other.
+static void publish_stream(Socket* s, Stream* st) {
+  s->set_stream(st);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!s->default_timeouts()) st->timeouts_changed();
+}
+
 Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr,
                              const sockaddr_storage* local_addr, const uint64_t* at) {
   if (s->stream() || !eligible(config::Direction::kClient, peer_addr)) return nullptr;
@@ -1373,12 +1383,7 @@ Stream* start_client_upgrade(Socket* s, int fd, const sockaddr* peer_addr,
   if (!maps_room(s)) return nullptr;
   Stream* st = new_stream(s, fd, true, local, peer, at);
   if (!st) return nullptr;
-  s->set_stream(st);
-  // (A setsockopt of another thread between new_stream and here: it stores
-  // its mark, then looks for the stream; we store the stream, then look
-  // at the mark. The fence makes one of the two see the other's store.)
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (!s->default_timeouts()) st->timeouts_changed();
+  publish_stream(s, st);
   // No poke for a deferred start: the thread looks at active streams at
   // least every idle tick (50 ms), and the application's own next call
   // makes a start that is due (advance_locked). A poke per connect() woke
@@ -1524,9 +1529,7 @@ Stream* start_server_upgrade(Socket* listener, Socket* s, int fd, const sockaddr
   Stream* st = new_stream(s, fd, false, local, peer);
   if (!st) return nullptr;
   st->set_listen_table(share ? share : own_share);
-  s->set_stream(st);
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // (as in start_client_upgrade)
-  if (!s->default_timeouts()) st->timeouts_changed();
+  publish_stream(s, st);
   std::lock_guard lk(g_mu);
   add_awaiting(st);
   if (share) {

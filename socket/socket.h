@@ -51,9 +51,9 @@ class Socket {
   // since, or accept() made it from such a listener (the kernel copies a
   // listener's timeouts). Its stream then need not read them before its
   // first sleep (Stream::socket_timeout: a getsockopt per connection).
-  // Known only in the process that saw it so: a fork (either side) or
-  // sending the socket away (SCM_RIGHTS) lets another process set them
-  // unseen, so the mark holds the fork generation it was made in.
+  // Known only in the process that saw it so: a fork (either side), an exec
+  // or posix_spawn, or sending the socket away (SCM_RIGHTS) lets another
+  // process set them unseen, so the mark holds the generation it was made in.
   bool default_timeouts() const {
     const uint32_t v = default_timeouts_.load(std::memory_order_seq_cst);
     return v != 0 && v == fork_generation() + 1;  // (not at the generation that wraps to 0)

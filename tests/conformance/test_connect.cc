@@ -61,9 +61,8 @@ TEST_CASE("connect: blocking connect, accept and data both ways") {
 }
 
 // accept()'s address arguments as the kernel fills them: librsock's hook
-// reads the peer's address from them (or from a buffer of its own when
-// the program passes none) and must leave the program's exactly as the
-// kernel left them.
+// must pass the program's through and leave them exactly as the kernel
+// left them.
 TEST_CASE("accept: a short address buffer gets what fits and the full length; no buffer, no length") {
   Listener l = make_listener();
   Fd c(socket(AF_INET, SOCK_STREAM, 0));

@@ -128,9 +128,6 @@ void check_read_times_out(int fd, int peer) {
 }
 }  // namespace
 
-// librsock takes a socket's timeouts as none without asking the kernel only
-// for one that socket() made with no setsockopt of either since (one
-// syscall fewer per connection); these are the two ways around that.
 // A connection to l: its accepted end's blocking read must time out.
 static void check_accepted_read_times_out(const Listener& l) {
   Fd c(socket(AF_INET, SOCK_STREAM, 0));
@@ -141,6 +138,17 @@ static void check_accepted_read_times_out(const Listener& l) {
   check_read_times_out(s, c);
 }
 
+// The child pid ran to exit status 0.
+static void require_exited_ok(pid_t pid) {
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+}
+
+// librsock takes a socket's timeouts as none without asking the kernel only
+// for one that socket() made with no setsockopt of either since (one
+// syscall fewer per connection); the cases below are the ways around that.
 // A fresh connection whose listener (on_listener) or client socket (before
 // connect()) got a 150 ms SO_RCVTIMEO.
 static Pair pair_with_rcvtimeo(bool on_listener) {
@@ -178,10 +186,7 @@ TEST_CASE("options: SO_RCVTIMEO set on a listener by a fork child holds for the 
     timeval tv{0, 150000};
     _exit(setsockopt(l.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 ? 0 : 1);
   }
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
+  require_exited_ok(pid);
   check_accepted_read_times_out(l);
 }
 
@@ -197,10 +202,7 @@ TEST_CASE("options: SO_RCVTIMEO set on a listener by a spawned program holds for
   int sr = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, const_cast<char* const*>(argv), environ);
   posix_spawn_file_actions_destroy(&fa);
   REQUIRE(sr == 0);
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
+  require_exited_ok(pid);
   check_accepted_read_times_out(l);
 }
 
