@@ -29,6 +29,7 @@
 #include "util/clock.h"
 #include "util/no_destroy.h"
 #include "util/owned_fds.h"
+#include "util/spin_lock.h"
 #include "util/sys.h"
 
 namespace rsock::socket {
@@ -97,7 +98,7 @@ bool spin(const std::vector<Stream*>& streams, WaitTimer& timer, Check&& ready,
       std::none_of(streams.begin(), streams.end(), [](Stream* s) { return s->on_rdma(); }))
     return false;
   const config::Tunables& t = process_config().tunables;
-  ExtendedSpin slot(syscalls ? t.spin_us : timer.start(t.spin_us, t.spin_max_us), t.spin_us);
+  SpinPlace slot(syscalls ? t.spin_us : timer.start(t.spin_us, t.spin_max_us), t.spin_us);
   if (!slot.us()) return false;
   SpinDeadline end(slot.us());
   do {
@@ -1372,12 +1373,9 @@ namespace {
 // pokes of epoll_watch_fired), the innermost lock of all.
 struct WatchLock {
   explicit WatchLock(Socket* s) : s_(s) {
-    while (s_->watch_lock.exchange(true, std::memory_order_acquire)) {
-      while (s_->watch_lock.load(std::memory_order_relaxed)) {
-      }
-    }
+    spin_lock(s_->watch_lock);
   }
-  ~WatchLock() { s_->watch_lock.store(false, std::memory_order_release); }
+  ~WatchLock() { spin_unlock(s_->watch_lock); }
   WatchLock(const WatchLock&) = delete;
   WatchLock& operator=(const WatchLock&) = delete;
   Socket* s_;

@@ -9,6 +9,7 @@
 
 #include "socket/fd_table.h"
 #include "socket/rendezvous.h"
+#include "util/spin_lock.h"
 #include "util/stats.h"
 #include "util/sys.h"
 #include "transport/fork_guard.h"
@@ -85,11 +86,8 @@ class SocketPool {
       s->next_free_ = h;
     } while (!head_.compare_exchange_weak(h, s, std::memory_order_release));
   }
-  void lock() {
-    while (lock_.exchange(true, std::memory_order_acquire)) {
-    }
-  }
-  void unlock() { lock_.store(false, std::memory_order_release); }
+  void lock() { spin_lock(lock_); }
+  void unlock() { spin_unlock(lock_); }
 
  private:
   // Returns one new object and pushes the rest of a fresh chunk.

@@ -565,7 +565,8 @@ bool Stream::spin(short interest, uint32_t spin_us) {
   // Busy-poll on RDMA: a reply usually arrives within microseconds, sooner
   // than a sleep and wakeup would take.
   if (phase() != Phase::kRdma || !spin_us) return false;
-  ExtendedSpin slot(spin_us, process_config().tunables.spin_us);
+  SpinPlace slot(spin_us, process_config().tunables.spin_us);
+  if (!slot.us()) return false;  // as many threads spin as there are CPUs
   SpinDeadline end(slot.us());
   do {
     {

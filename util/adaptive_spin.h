@@ -16,8 +16,8 @@
 // spin_max_us, and a thread whose peer goes quiet is back to spin_us after
 // a few long waits (from a 100 % hit rate: 6). spin_max_us is the CPU
 // budget per wait; at or below spin_us the spin is fixed, as before. At
-// most one thread per CPU but one spins longer than spin_us at a time
-// (ExtendedSpin).
+// most one thread per CPU spins at a time, and one fewer spins longer than
+// spin_us (SpinPlace).
 //
 // The policy is pure arithmetic (unit-tested); WaitTimer gives it lengths
 // read from the TSC, so a wait costs no clock syscall (the guest's clock
@@ -60,31 +60,38 @@ class SpinPolicy {
   uint64_t short_ns_ = 0;  // EWMA of the short waits; 0 before the first
 };
 
-// Spins longer than spin_us, process-wide, are limited to one fewer than
-// the CPUs the process may run on: more threads spinning than CPUs (ten
-// threads of a thread-per-connection server, each with a quick peer) would
-// only take the CPU from the threads whose answers they wait for, and on a
-// single CPU a long spin takes it from everything else there (with
-// Soft-RoCE, from the kernel work that carries the awaited message: a
-// one-vCPU guest streamed slower with a longer spin). A spin that finds
-// every such place taken lasts spin_us. Held for the spin only, not the
-// sleep after it.
-class ExtendedSpin {
+// A place among the process's spinning threads, held for the spin only (not
+// the sleep after it). More threads spinning than CPUs would only take the
+// CPU from the threads whose answers they wait for: memcslap's ten threads
+// on the guest's two vCPUs, each spinning spin_us before every sleep, spent
+// 50-75 us of CPU per request in librsock's spin and slept anyway
+// (docs/PERFORMANCE.md, "memcached under concurrency"). So:
+//   - at most one spinning thread per CPU the process may run on; a thread
+//     that finds them all taken sleeps at once (its spin is 0);
+//   - of those, at most one fewer than the CPUs spins longer than spin_us
+//     (ten threads of a thread-per-connection server, each with a quick
+//     peer; on a single CPU a long spin takes the CPU from everything else
+//     there, with Soft-RoCE from the kernel work that carries the awaited
+//     message: a one-vCPU guest streamed slower with a longer spin); a
+//     thread that finds those taken spins spin_us.
+// A single-threaded program always gets its spin.
+class SpinPlace {
  public:
-  ExtendedSpin(uint32_t us, uint32_t base_us) : us_(us) {
-    if (us <= base_us) return;
-    if (count().fetch_add(1, std::memory_order_acq_rel) < cpus() - 1) {
-      held_ = true;
-    } else {
+  SpinPlace(uint32_t us, uint32_t base_us) {
+    if (us == 0) return;
+    const int before = count().fetch_add(1, std::memory_order_acq_rel);
+    if (before >= cpus()) {
       count().fetch_sub(1, std::memory_order_acq_rel);
-      us_ = base_us;
+      return;  // us_ = 0: sleep at once
     }
+    held_ = true;
+    us_ = us > base_us && before >= cpus() - 1 ? base_us : us;
   }
-  ~ExtendedSpin() {
+  ~SpinPlace() {
     if (held_) count().fetch_sub(1, std::memory_order_acq_rel);
   }
-  ExtendedSpin(const ExtendedSpin&) = delete;
-  ExtendedSpin& operator=(const ExtendedSpin&) = delete;
+  SpinPlace(const SpinPlace&) = delete;
+  SpinPlace& operator=(const SpinPlace&) = delete;
   uint32_t us() const { return us_; }
 
   // The CPUs this process may run on (its affinity at first use; 1 when
@@ -104,7 +111,7 @@ class ExtendedSpin {
     static std::atomic<int> n{0};
     return n;
   }
-  uint32_t us_;
+  uint32_t us_ = 0;
   bool held_ = false;
 };
 

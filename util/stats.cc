@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "util/log.h"
+#include "util/spin_lock.h"
 #include "util/stats_files.h"
 #include "util/sys.h"
 
@@ -28,13 +29,8 @@ namespace {
 
 class SpinLock {
  public:
-  void lock() {
-    while (flag_.exchange(true, std::memory_order_acquire)) {
-      while (flag_.load(std::memory_order_relaxed)) {
-      }
-    }
-  }
-  void unlock() { flag_.store(false, std::memory_order_release); }
+  void lock() { spin_lock(flag_); }
+  void unlock() { spin_unlock(flag_); }
   void reset() { flag_.store(false, std::memory_order_relaxed); }
 
  private:

@@ -76,26 +76,37 @@ TEST_CASE("adaptive spin: a wait exactly at spin_max_us counts as short, one abo
   CHECK(q.budget_us(kBase, kMax) == kBase);
 }
 
-TEST_CASE("adaptive spin: at most one longer spin per CPU but one at a time") {
-  using rsock::ExtendedSpin;
-  const int cpus = ExtendedSpin::cpus();
+TEST_CASE("adaptive spin: one spinning thread per CPU, one fewer spins longer") {
+  using rsock::SpinPlace;
+  const int cpus = SpinPlace::cpus();
   REQUIRE(cpus >= 1);
   {
-    // Spins of spin_us take no place.
-    ExtendedSpin base(kBase, kBase);
-    CHECK(base.us() == kBase);
+    SpinPlace none(0, kBase);  // no spin asked: no place taken
+    CHECK(none.us() == 0);
   }
-  std::vector<std::unique_ptr<ExtendedSpin>> held;
+  // The longer spins: one fewer than the CPUs.
+  std::vector<std::unique_ptr<SpinPlace>> held;
   for (int i = 0; i < cpus - 1; i++) {
-    held.push_back(std::make_unique<ExtendedSpin>(kMax, kBase));
+    held.push_back(std::make_unique<SpinPlace>(kMax, kBase));
     CHECK(held.back()->us() == kMax);
   }
   {
-    ExtendedSpin one_too_many(kMax, kBase);
-    CHECK(one_too_many.us() == kBase);
+    // The last CPU's place: spin_us, also for a thread that asked for more.
+    SpinPlace last(kMax, kBase);
+    CHECK(last.us() == kBase);
+    // Every CPU has a spinner: the next thread sleeps at once.
+    SpinPlace one_too_many(kBase, kBase);
+    CHECK(one_too_many.us() == 0);
+    SpinPlace longer_too_many(kMax, kBase);
+    CHECK(longer_too_many.us() == 0);
+  }
+  // A place comes free: a spin of spin_us gets it, as a longer one would.
+  {
+    SpinPlace base(kBase, kBase);
+    CHECK(base.us() == kBase);
   }
   if (held.empty()) return;  // one CPU: never a longer spin
-  held.pop_back();  // a place comes free
-  ExtendedSpin again(kMax, kBase);
+  held.pop_back();
+  SpinPlace again(kMax, kBase);
   CHECK(again.us() == kMax);
 }
