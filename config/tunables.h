@@ -21,7 +21,8 @@ struct Tunables {
   uint32_t spin_us = 20;              // busy-poll the CQ this long before sleeping
   // ... and up to this long while most of the thread's recent waits ended
   // sooner (util/adaptive_spin.h): the CPU a wait may burn to save a sleep
-  // and its wakeup. At or below spin_us the spin is always spin_us.
+  // and its wakeup. At or below spin_us the spin is always spin_us. (At
+  // most one thread per CPU spins at a time: SpinPlace.)
   uint32_t spin_max_us = 200;
   uint32_t resolve_timeout_ms = 500;  // rdma_resolve_addr / rdma_resolve_route bound
   uint32_t connect_timeout_ms = 1000; // rdma_connect until ESTABLISHED

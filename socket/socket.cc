@@ -9,6 +9,7 @@
 
 #include "socket/fd_table.h"
 #include "socket/rendezvous.h"
+#include "util/adaptive_spin.h"
 #include "util/spin_lock.h"
 #include "util/stats.h"
 #include "util/sys.h"
@@ -174,6 +175,7 @@ void before_fork() {
 void after_fork(bool child) {
   if (child) {
     transport::fork_guard::reinit_child();
+    SpinPlace::after_fork_child();
     // A parent thread may have held a socket's watch_lock at the fork.
     if (FdTable* t = FdTable::get_if_exists()) t->reset_watch_locks_after_fork();
   } else {

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -68,51 +69,78 @@ class SpinPolicy {
 // (docs/PERFORMANCE.md, "memcached under concurrency"). So:
 //   - at most one spinning thread per CPU the process may run on; a thread
 //     that finds them all taken sleeps at once (its spin is 0);
-//   - of those, at most one fewer than the CPUs spins longer than spin_us
-//     (ten threads of a thread-per-connection server, each with a quick
-//     peer; on a single CPU a long spin takes the CPU from everything else
+//   - at most one fewer than the CPUs spins longer than spin_us (ten
+//     threads of a thread-per-connection server, each with a quick peer;
+//     on a single CPU a long spin takes the CPU from everything else
 //     there, with Soft-RoCE from the kernel work that carries the awaited
 //     message: a one-vCPU guest streamed slower with a longer spin); a
 //     thread that finds those taken spins spin_us.
-// A single-threaded program always gets its spin.
+// A single-threaded program always gets its spin. Not fair: a thread that
+// slept at once finds the places taken again more often than the threads
+// that spun and got their answers, so under more waiting threads than CPUs
+// some connections see the slower, sleeping latency; the process as a whole
+// gets more done (docs/PERFORMANCE.md).
 class SpinPlace {
  public:
   SpinPlace(uint32_t us, uint32_t base_us) {
     if (us == 0) return;
-    const int before = count().fetch_add(1, std::memory_order_acq_rel);
-    if (before >= cpus()) {
-      count().fetch_sub(1, std::memory_order_acq_rel);
+    if (all().fetch_add(1, std::memory_order_acq_rel) >= cpus()) {
+      all().fetch_sub(1, std::memory_order_acq_rel);
       return;  // us_ = 0: sleep at once
     }
     held_ = true;
-    us_ = us > base_us && before >= cpus() - 1 ? base_us : us;
+    us_ = us;
+    if (us <= base_us) return;
+    // (Counted apart: short spins do not use up the longer ones' places.)
+    if (longer().fetch_add(1, std::memory_order_acq_rel) < cpus() - 1) {
+      longer_ = true;
+    } else {
+      longer().fetch_sub(1, std::memory_order_acq_rel);
+      us_ = base_us;
+    }
   }
   ~SpinPlace() {
-    if (held_) count().fetch_sub(1, std::memory_order_acq_rel);
+    if (longer_) longer().fetch_sub(1, std::memory_order_acq_rel);
+    if (held_) all().fetch_sub(1, std::memory_order_acq_rel);
   }
   SpinPlace(const SpinPlace&) = delete;
   SpinPlace& operator=(const SpinPlace&) = delete;
   uint32_t us() const { return us_; }
 
-  // The CPUs this process may run on (its affinity at first use; 1 when
-  // unknown).
+  // A fork child has none of its parent's other threads: the places they
+  // held at the fork are free (the forking thread holds none: a fork from
+  // inside librsock passes through its hooks).
+  static void after_fork_child() {
+    all().store(0, std::memory_order_relaxed);
+    longer().store(0, std::memory_order_relaxed);
+  }
+
+  // The CPUs the process may run on: its main thread's affinity (a worker
+  // pinned to one CPU must not make it one for every thread), at most the
+  // CPUs online; read at first use; 1 when unknown.
   static int cpus() {
     static const int n = [] {
       cpu_set_t set;
       CPU_ZERO(&set);
-      int c = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+      int c = sched_getaffinity(getpid(), sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+      long online = sysconf(_SC_NPROCESSORS_ONLN);
+      if (online > 0 && c > online) c = int(online);
       return c > 0 ? c : 1;
     }();
     return n;
   }
 
  private:
-  static std::atomic<int>& count() {
+  static std::atomic<int>& all() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  static std::atomic<int>& longer() {
     static std::atomic<int> n{0};
     return n;
   }
   uint32_t us_ = 0;
-  bool held_ = false;
+  bool held_ = false, longer_ = false;
 };
 
 // The calling thread's policy: one sequence of waits per thread.

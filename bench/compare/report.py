@@ -310,10 +310,13 @@ def main():
                 invalid.append((w, p, txt))
             elif tcp[p]:
                 pairs.append((tcp[p], rs[p], rs[p] / tcp[p]))
+        # --check, as for the rounds: every librsock run needs a valid figure
+        # (an explained TCP n/a only leaves its pair out).
+        if int(meta.get("pairs", "0")) > 0:
+            bad = [txt for w_, _, txt in invalid if w_ == w] + [why for _, why in na.get((w, "rsock"), [])]
+            if bad or not rs:
+                problems.append(f"{w}/librsock: " + (bad[0] if bad else "no figure recorded"))
         if not pairs:
-            if int(meta.get("pairs", "0")) > 0:
-                whys = [why for t in ("tcp", "rsock") for _, why in na.get((w, t), [])]
-                problems.append(f"{w}: no pair with both figures" + (f" ({whys[0]})" if whys else ""))
             continue
         f = lambda v: fmt(v, kind)
         rq = [q for _, _, q in pairs]
@@ -527,7 +530,7 @@ Workloads (server on 10.77.0.1 in the guest):
 
 Sizes: full run S = 2 s, ping-pong 64 B / 1 KiB / 16 KiB, `ib_send_lat -n
 2000`, 150 connections (+5 warm-up), `redis-benchmark -n 6000`, memcslap
-M = 400 (4000 keys), `iperf3 -t 3`, 7 back-to-back pairs (`PAIRS=`),
+M = 400 (4000 keys), `iperf3 -t 3`, {meta.get('pairs', '?')} back-to-back pairs (`PAIRS=`),
 pass-through `-n 100000 --runs 9` (at `-n 20000 --runs 3` one side's runs
 spread 29k-82k req/s natively); `--quick`: S = 1 s, 64 B only, 20
 connections, `-n 5000`, M = 200, `iperf3 -t 2`, 1 pair, pass-through `-n

@@ -84,6 +84,13 @@ TEST_CASE("adaptive spin: one spinning thread per CPU, one fewer spins longer") 
     SpinPlace none(0, kBase);  // no spin asked: no place taken
     CHECK(none.us() == 0);
   }
+  {
+    // Short spins do not use up the longer ones' places.
+    std::vector<std::unique_ptr<SpinPlace>> shorts;
+    for (int i = 0; i < cpus - 1; i++) shorts.push_back(std::make_unique<SpinPlace>(kBase, kBase));
+    SpinPlace longer(kMax, kBase);
+    CHECK(longer.us() == (cpus > 1 ? kMax : kBase));
+  }
   // The longer spins: one fewer than the CPUs.
   std::vector<std::unique_ptr<SpinPlace>> held;
   for (int i = 0; i < cpus - 1; i++) {
@@ -105,8 +112,30 @@ TEST_CASE("adaptive spin: one spinning thread per CPU, one fewer spins longer") 
     SpinPlace base(kBase, kBase);
     CHECK(base.us() == kBase);
   }
-  if (held.empty()) return;  // one CPU: never a longer spin
-  held.pop_back();
-  SpinPlace again(kMax, kBase);
-  CHECK(again.us() == kMax);
+  if (!held.empty()) {  // (one CPU: never a longer spin)
+    held.pop_back();
+    SpinPlace again(kMax, kBase);
+    CHECK(again.us() == kMax);
+  }
+  held.clear();
+}
+
+TEST_CASE("adaptive spin: a fork child's places are all free") {
+  using rsock::SpinPlace;
+  const int cpus = SpinPlace::cpus();
+  std::vector<std::unique_ptr<SpinPlace>> held;  // the parent's spinning threads at the fork
+  for (int i = 0; i < cpus; i++) held.push_back(std::make_unique<SpinPlace>(kMax, kBase));
+  {
+    SpinPlace none(kBase, kBase);
+    CHECK(none.us() == 0);
+  }
+  SpinPlace::after_fork_child();
+  {
+    SpinPlace mine(kMax, kBase);
+    CHECK(mine.us() == (cpus > 1 ? kMax : kBase));
+  }
+  // (In a child these would never be released; here they are, below zero:
+  // put the counts back where they were before they were taken.)
+  held.clear();
+  SpinPlace::after_fork_child();
 }
