@@ -78,8 +78,9 @@ class SpinPolicy {
 // A single-threaded program always gets its spin. Not fair: a thread that
 // slept at once finds the places taken again more often than the threads
 // that spun and got their answers, so under more waiting threads than CPUs
-// some connections see the slower, sleeping latency; the process as a whole
-// gets more done (docs/PERFORMANCE.md).
+// some connections see the slower, sleeping latency (memcslap's sets per
+// second did not move beyond the guest's noise either way:
+// docs/PERFORMANCE.md).
 class SpinPlace {
  public:
   SpinPlace(uint32_t us, uint32_t base_us) {
