@@ -63,10 +63,10 @@ class SpinPolicy {
 
 // A place among the process's spinning threads, held for the spin only (not
 // the sleep after it). More threads spinning than CPUs would only take the
-// CPU from the threads whose answers they wait for: memcslap's ten threads
-// on the guest's two vCPUs, each spinning spin_us before every sleep, spent
-// 50-75 us of CPU per request in librsock's spin and slept anyway
-// (docs/PERFORMANCE.md, "memcached under concurrency"). So:
+// CPU from the threads whose answers they wait for. (memcslap's ten threads
+// on the guest's two vCPUs spend 50-75 us of CPU per request in the spin
+// and its progress steps with this limit as without it: there it seldom
+// bites; docs/PERFORMANCE.md, "memcached under concurrency".) So:
 //   - at most one spinning thread per CPU the process may run on; a thread
 //     that finds them all taken sleeps at once (its spin is 0);
 //   - at most one fewer than the CPUs spins longer than spin_us (ten
