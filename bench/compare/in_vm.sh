@@ -289,6 +289,26 @@ run_sockperf() {  # TRANSPORT ROUND
 }
 
 # --- blocking ping-pong / stream / connection setup (rsock_connect_bench) ---
+# run_connect_client TRANSPORT ROUND WORKLOAD TAG PORT -- CONN_N connections
+# to the rsock_connect_bench server on PORT; records WORKLOAD's median, p99
+# and average connect-to-first-byte (or why there is none).
+run_connect_client() {
+  local tr=$1 rnd=$2 w=$3 tag=$4 port=$5 o line rc
+  client "$tr" "$tag" "$TO" "$CB" client "$HOST" "$port" "$CONN_N"
+  rc=$?
+  o=$OUT/logs/$tag.out
+  line=$(sed -n 's/^connect_us n=[0-9]* median=\([0-9.]*\) p99=\([0-9.]*\) avg=\([0-9.]*\).*/\1 \2 \3/p' "$o")
+  if [ -n "$line" ]; then
+    set -- $line
+    rec res "$w" "$tr" "$rnd" median_us "$1"; rec res "$w" "$tr" "$rnd" p99_us "$2"
+    rec res "$w" "$tr" "$rnd" avg_us "$3"
+  else
+    rec na "$w" "$tr" "$rnd" "connect client failed (exit status $rc): $(tail -1 "$o" | cut -c1-160)"
+  fi
+  [ -n "$QPS" ] && rec qp "$w" "$tr" "$rnd" "$QPS"
+  [ "$tr" = rsock ] && rec_sum "$w" rsock "$rnd" client "$tag"
+}
+
 run_cb() {  # TRANSPORT ROUND
   local tr=$1 rnd=$2 port tag s o line why rc
   port=$(free_port)
@@ -342,21 +362,9 @@ run_cb() {  # TRANSPORT ROUND
   [ -n "$QPS" ] && rec qp bstream "$tr" "$rnd" "$QPS"
   [ "$tr" = rsock ] && rec_sum bstream rsock "$rnd" client "$tag"
   tag=cb-connect-$tr-r$rnd
-  client "$tr" "$tag" "$TO" "$CB" client "$HOST" "$port" "$CONN_N"
-  rc=$?
-  o=$OUT/logs/$tag.out
-  line=$(sed -n 's/^connect_us n=[0-9]* median=\([0-9.]*\) p99=\([0-9.]*\) avg=\([0-9.]*\).*/\1 \2 \3/p' "$o")
-  if [ -n "$line" ]; then
-    set -- $line
-    rec res connect "$tr" "$rnd" median_us "$1"; rec res connect "$tr" "$rnd" p99_us "$2"
-    rec res connect "$tr" "$rnd" avg_us "$3"
-  else
-    rec na connect "$tr" "$rnd" "connect client failed (exit status $rc): $(tail -1 "$o" | cut -c1-160)"
-  fi
-  [ -n "$QPS" ] && rec qp connect "$tr" "$rnd" "$QPS"
-  line=$(sed -n 's/^connect_call_us n=[0-9]* median=\([0-9.]*\).*/\1/p' "$o")
+  run_connect_client "$tr" "$rnd" connect "$tag" "$port"
+  line=$(sed -n 's/^connect_call_us n=[0-9]* median=\([0-9.]*\).*/\1/p' "$OUT/logs/$tag.out")
   [ -n "$line" ] && rec res connect_call "$tr" "$rnd" median_us "$line"
-  [ "$tr" = rsock ] && rec_sum connect rsock "$rnd" client "$tag"
   stop_srv TERM
   [ "$tr" = rsock ] && rec_sum cb rsock "$rnd" server "cb-srv-$tr-r$rnd"
   [ "$tr" = rsock ] && run_connect_noupgrade "$rnd"
@@ -396,19 +404,12 @@ run_connect_noupgrade() {  # ROUND
 # targets set against TCP, the ratio of each pair's two runs is what
 # report.py judges (the pass-through's method, in the VM).
 run_connect_pair() {  # TRANSPORT PAIR
-  local tr=$1 p=$2 port tag o line rc
+  local tr=$1 p=$2 port
   port=$(free_port)
   if ! start_srv "$tr" "connect_pair-srv-$tr-r$p" "$port" "$CB" server "$HOST" "$port"; then
     rec na connect_pair "$tr" "$p" "rsock_connect_bench server: $SRV_WHY"; return
   fi
-  tag=connect_pair-$tr-r$p
-  client "$tr" "$tag" "$TO" "$CB" client "$HOST" "$port" "$CONN_N"
-  rc=$?
-  o=$OUT/logs/$tag.out
-  line=$(sed -n 's/^connect_us n=[0-9]* median=\([0-9.]*\).*/\1/p' "$o")
-  if [ -n "$line" ]; then rec res connect_pair "$tr" "$p" median_us "$line"
-  else rec na connect_pair "$tr" "$p" "connect client failed (exit status $rc): $(tail -1 "$o" | cut -c1-160)"; fi
-  [ "$tr" = rsock ] && rec_sum connect_pair rsock "$p" client "$tag"
+  run_connect_client "$tr" "$p" connect_pair "connect_pair-$tr-r$p" "$port"
   stop_srv TERM
 }
 run_pairs() {

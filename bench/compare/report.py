@@ -142,6 +142,11 @@ def validity(w, group, kind, rnd, sums):
     return ok, "; ".join(notes)
 
 
+def meets(q, op, limit):
+    """Does ratio q meet a target "op limit" (op: "<=" or ">=")?"""
+    return q <= limit if op == "<=" else q >= limit
+
+
 def fmt(v, kind):
     if v is None:
         return "n/a"
@@ -323,14 +328,14 @@ def main():
         qm = statistics.median(rq)
         pair_rows.append(f"| {label} | {UNIT[kind]} | {' '.join(f(a_) for a_, _, _ in pairs)} | "
                          f"{' '.join(f(b_) for _, b_, _ in pairs)} | {' '.join(f'{q:.2f}' for q in rq)} | {qm:.2f} |")
-        meets = sum(1 for q in rq if (q <= limit if op == "<=" else q >= limit))
+        n_meet = sum(1 for q in rq if meets(q, op, limit))
         lo, hi = min(rq), max(rq)
-        verdict = "met" if (qm <= limit if op == "<=" else qm >= limit) else "MISSED"
+        verdict = "met" if meets(qm, op, limit) else "MISSED"
         if len(rq) >= 2 and lo <= limit <= hi:
             verdict += " (within the spread: not decided by these pairs)"
         pair_target[name] = (f"| {name} | {f(statistics.median(b_ for _, b_, _ in pairs))} vs "
                              f"{f(statistics.median(a_ for a_, _, _ in pairs))} ({len(rq)} back-to-back pairs) | "
-                             f"{qm:.2f} | {lo:.2f}-{hi:.2f}, {meets} of {len(rq)} pairs meet it | {verdict} |")
+                             f"{qm:.2f} | {lo:.2f}-{hi:.2f}, {n_meet} of {len(rq)} pairs meet it | {verdict} |")
     pairs_table = "\n".join(pair_rows) if len(pair_rows) > 2 else ""
 
     # Targets.
@@ -342,7 +347,7 @@ def main():
             tl.append(f"| {name} | {w}: librsock vs {TNAME[t]} | – | – | not measured (n/a above) |")
             return
         q = r_ / b
-        ok = q <= limit if op == "<=" else q >= limit
+        ok = meets(q, op, limit)
         # The ratio any pairing of the two cells' runs gives: when the limit
         # falls inside, the runs do not decide the verdict (more rounds).
         rv, bv = runs_of.get((w, "rsock", m), []), [x for x in runs_of.get((w, t, m), []) if x]
