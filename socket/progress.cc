@@ -189,6 +189,20 @@ struct ShareClaim {
   int slot;
 };
 
+// A request matched to its stream under g_mu, accepted after it
+// (finish_accepts): the accept creates the QP and its queues, up to about a
+// millisecond of verbs calls on rxe, and the application's accept() and
+// connect() wait for g_mu.
+struct Accepting {
+  transport::IncomingRequest req;
+  transport::Listener* via;  // (only this thread drops listeners)
+  Stream* st;                // (only this thread deletes streams)
+  wire::RendezvousReply rep;
+  uint64_t peer_cookie;      // the request's
+};
+
+void accept_matched(Accepting& a);
+
 struct PendingRequest {
   transport::IncomingRequest req;
   uint64_t expires_ns;
@@ -250,6 +264,12 @@ struct Registry {
   // when their time comes; `wanted` is the lock-free stack of streams that
   // asked for a look (Stream::want_loop), moved onto `active` every tick.
   ActiveList active;
+  // The turn's streams, moved off `active` under the lock and driven
+  // without it (thread_main); empty between turns.
+  ActiveList turn;
+  // Requests try_match paired with a stream, accepted without the lock
+  // (finish_accepts); empty between turns.
+  std::vector<Accepting> accepting;
   TimerSet timers;
   std::atomic<Stream*> wanted{nullptr};
   uint64_t sweep_ns = 0;  // next look at every stream (a safety net)
@@ -289,6 +309,8 @@ Registry* reg() {
 #define g_claims (reg()->claims)
 #define g_awaiting (reg()->awaiting)
 #define g_active (reg()->active)
+#define g_turn (reg()->turn)
+#define g_accepting (reg()->accepting)
 #define g_timers (reg()->timers)
 #define g_watches (reg()->watches)
 #define g_epfd (reg()->epfd)
@@ -438,28 +460,48 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
     }
     const uint8_t version = wire::negotiate(rq);
     wire::RendezvousReply rep{wire::kRendezvousMagic, version, {}, st->cookie()};
-    auto c = l->listener->accept(std::move(req), std::as_bytes(std::span(&rep, 1)));
-    if (!c) {
-      // Rejected with kNoResources. This connection stays on TCP now,
-      // rather than wait out upgrade_timeout_ms for a retry that a first
-      // rendezvous never makes. (A client upgrading again does retry on
-      // that answer, to no avail here: bounded, docs/DESIGN.md.)
-      stats::count_handshake_error();
-      int e = c.error();
-      if (e == ENOBUFS) warn_memlock();
-      // A failed rdma_accept (EINVAL, ECONNRESET...) means the client's
-      // request went away meanwhile (its program closed the socket).
-      bool ours = e == ENOMEM || e == EMFILE || e == ENFILE || e == EAGAIN || e == ENODEV;
-      st->fall_back(e == ENOBUFS ? stats::FallbackReason::kMemlock
-                    : ours       ? stats::FallbackReason::kNoResources
-                                 : stats::FallbackReason::kPeerClosed);
-      return true;  // request consumed
+    Accepting a{std::move(req), l->listener.get(), st, rep, rq.cookie};
+    try {
+      g_accepting.push_back(std::move(a));  // (a stays whole if this throws)
+    } catch (const std::bad_alloc&) {
+      accept_matched(a);
     }
-    st->attach_accepted(std::move(*c), rq.cookie, version);
-    poke();
     return true;
   }
   return false;
+}
+
+// The accept of a request try_match paired with `st`: outside g_mu
+// (finish_accepts), unless the list had no room.
+void accept_matched(Accepting& a) {
+  auto c = a.via->accept(std::move(a.req), std::as_bytes(std::span(&a.rep, 1)));
+  Stream* st = a.st;
+  if (!c) {
+    // Rejected with kNoResources. This connection stays on TCP now,
+    // rather than wait out upgrade_timeout_ms for a retry that a first
+    // rendezvous never makes. (A client upgrading again does retry on
+    // that answer, to no avail here: bounded, docs/DESIGN.md.)
+    stats::count_handshake_error();
+    int e = c.error();
+    if (e == ENOBUFS) warn_memlock();
+    // A failed rdma_accept (EINVAL, ECONNRESET...) means the client's
+    // request went away meanwhile (its program closed the socket).
+    bool ours = e == ENOMEM || e == EMFILE || e == ENFILE || e == EAGAIN || e == ENODEV;
+    st->accept_failed(e == ENOBUFS ? stats::FallbackReason::kMemlock
+                      : ours       ? stats::FallbackReason::kNoResources
+                                   : stats::FallbackReason::kPeerClosed,
+                      /*peer_gone=*/e != ENOBUFS && !ours);
+    return;
+  }
+  // (A stream closed or fallen back meanwhile refuses it: the connection
+  // goes, and the client, which sees it end, stays on TCP.)
+  if (st->attach_accepted(std::move(*c), a.peer_cookie, a.rep.version)) poke();
+}
+
+// After the locked part of a turn: the accepts try_match deferred.
+void finish_accepts() {
+  for (auto& a : g_accepting) accept_matched(a);
+  g_accepting.clear();
 }
 
 // Once this process passed a server connection to another (SCM_RIGHTS) or
@@ -1056,6 +1098,51 @@ void publish_resources() {
   r->kits_reused.store(transport::kit_pool::reused(), std::memory_order_relaxed);
 }
 
+// Outside g_mu, by the progress thread: one turn's step of a stream the
+// application still owns (it may close it meanwhile: settle() sees that).
+void drive(Stream* st, uint64_t now) {
+  if (st->take_start_request(now) || st->reupgrade_due(now)) st->start_client();
+  // An upgraded stream needs the thread only for its keepalive (its
+  // reader or poller handles the rest): a look every keepalive_ms/2,
+  // not every tick. Measured with 2000 upgraded sockets in the VM,
+  // driving each one every 50 ms took 74% of the process's CPU and
+  // made one epoll round trip 48x slower than without librsock.
+  const Phase p = st->phase();
+  if (p != Phase::kRdma || now >= st->next_tick_ns) {
+    if (p == Phase::kRdma) st->next_tick_ns = now + rdma_tick_ns();
+    (void)st->advance(/*block=*/false);
+  }
+}
+
+// Under g_mu, after drive(): the stream's bookkeeping, and whether it goes
+// on the active list or parks. Returns whether it needs the busy tick.
+bool settle(Stream* st, uint64_t now) {
+  // Closed during drive(): finished (and deleted) at the next turn.
+  if (!g_stream_owner[st->reg_index]) {
+    g_active.push_back(*st);
+    return true;
+  }
+  if (st->take_claim_request()) make_reachable(st, now);
+  const Phase p = st->phase();
+  if (p != Phase::kPending && !g_claims.empty()) drop_claim(st);
+  // (Armed again after a reverse switch and a new upgrade.)
+  if (p == Phase::kRdma && !st->tcp_watch_armed)
+    watch_idle_tcp(st, st->tcp_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD);
+  // A stream waiting to upgrade again waits for seconds: its timer
+  // and a listener's fd wake the thread, the idle tick suffices. One
+  // pending without a rendezvous waits for a time of its own (or for
+  // a request, which activates it).
+  const bool waits = p == Phase::kPending && !st->waits_to_reupgrade();
+  const uint64_t idle_due = waits ? st->idle_due_ns(now) : 0;
+  const bool ticks =
+      (waits && idle_due == 0) || p == Phase::kSwitching || p == Phase::kReverting;
+  if (!ticks && (st->start_at_ns() == 0 || idle_due != 0) && !st->claim_requested())
+    park(st, p, now, idle_due);
+  else
+    g_active.push_back(*st);
+  return ticks;
+}
+
 void* thread_main(void*) {
   epoll_event evs[16];
   // Before g_loop_mu: ensure_thread waits for this under g_mu, and fork()
@@ -1089,7 +1176,7 @@ void* thread_main(void*) {
       }
       for (auto it = g_active.begin(); it != g_active.end();) {
         Stream* st = &*it;
-        ++it;  // (st may be deleted or parked below)
+        ++it;  // (st may be deleted or moved below)
         const size_t i = st->reg_index;
         if (!g_stream_owner[i]) {
           if (st->linger_done()) {
@@ -1117,34 +1204,25 @@ void* thread_main(void*) {
           busy = true;
           continue;
         }
-        if (st->take_start_request(now) || st->reupgrade_due(now)) st->start_client();
-        if (st->take_claim_request()) make_reachable(st, now);
-        Phase p = st->phase();
-        if (p != Phase::kPending && !g_claims.empty()) drop_claim(st);
-        // (Armed again after a reverse switch and a new upgrade.)
-        if (p == Phase::kRdma && !st->tcp_watch_armed)
-          watch_idle_tcp(st, st->tcp_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD);
-        // An upgraded stream needs the thread only for its keepalive (its
-        // reader or poller handles the rest): a look every keepalive_ms/2,
-        // not every tick. Measured with 2000 upgraded sockets in the VM,
-        // driving each one every 50 ms took 74% of the process's CPU and
-        // made one epoll round trip 48x slower than without librsock.
-        if (p != Phase::kRdma || now >= st->next_tick_ns) {
-          if (p == Phase::kRdma) st->next_tick_ns = now + rdma_tick_ns();
-          (void)st->advance(/*block=*/false);
-          p = st->phase();
-        }
-        // A stream waiting to upgrade again waits for seconds: its timer
-        // and a listener's fd wake the thread, the idle tick suffices. One
-        // pending without a rendezvous waits for a time of its own (or for
-        // a request, which activates it).
-        const bool waits = p == Phase::kPending && !st->waits_to_reupgrade();
-        const uint64_t idle_due = waits ? st->idle_due_ns(now) : 0;
-        const bool ticks =
-            (waits && idle_due == 0) || p == Phase::kSwitching || p == Phase::kReverting;
-        busy = busy || ticks;
-        if (!ticks && (st->start_at_ns() == 0 || idle_due != 0) && !st->claim_requested())
-          park(st, p, now, idle_due);
+        // Driven after the lock (drive()): a rendezvous's steps are verbs and
+        // rdma_cm calls, up to a millisecond each on rxe, and the
+        // application's connect() and accept() wait for g_mu (measured:
+        // redis-benchmark's connect() waited 14-138 ms for it).
+        st->loop_hook.unlink();
+        g_turn.push_back(*st);
+      }
+    }
+    // Only this thread deletes streams and drops listeners, and fork waits
+    // for g_loop_mu, which it holds: what it took from the registry stays
+    // valid until it takes g_mu again.
+    finish_accepts();
+    for (Stream& st : g_turn) drive(&st, now);
+    {
+      std::lock_guard lk(g_mu);
+      while (!g_turn.empty()) {
+        Stream* st = &g_turn.front();
+        g_turn.pop_front();
+        busy = settle(st, now) || busy;
       }
       busy = busy || !g_requests.empty() ||
              std::any_of(g_listeners.begin(), g_listeners.end(),
@@ -2035,7 +2113,9 @@ void fall_back_pending(stats::FallbackReason why) {
 // Under g_mu, at fork and exec: switches in flight (kSwitching: neither
 // pending, which falls back, nor on RDMA, which is handed off) are driven to
 // their end by this thread, every one at once: the progress thread waits
-// for g_mu, and both ends of a connection may be in this process. Bounded
+// for g_mu (at fork it is parked; at exec it may still drive the streams it
+// took before, under their locks, as any thread may), and both ends of a
+// connection may be in this process. Bounded
 // by upgrade_timeout_ms; one still switching then is left as it is.
 void settle_switches(bool servers = true) {
   uint64_t deadline = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;

@@ -454,9 +454,18 @@ void Stream::connect_locked(uint16_t rport) {
             (unsigned long long)tcp_rx_);
 }
 
-void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
+bool Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
                              uint8_t version) {
-  std::lock_guard lk(mu_);
+  std::unique_lock lk(mu_);
+  // The accept ran outside the registry's lock (socket/progress.cc,
+  // finish_accepts): the application may have closed the socket, or its
+  // stream fallen back (deadline, fork), meanwhile. The connection is
+  // destroyed after the lock, as its destructor makes verbs calls.
+  if (orphaned_ || phase() != Phase::kPending || conn_) {
+    lk.unlock();
+    conn.reset();
+    return false;
+  }
   reup_waiting_.store(false, std::memory_order_release);
   version_ = version;
   conn_ = std::move(conn);
@@ -466,6 +475,7 @@ void Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64
   LOG_DEBUG("fd %d: rendezvous request accepted %llu us after accept(), TCP bytes out/in %llu/%llu",
             tcp_fd_, us_since_start(), (unsigned long long)tcp_tx_,
             (unsigned long long)tcp_rx_);
+  return true;
 }
 
 std::pair<stats::FallbackReason, bool> setup_fallback(const transport::Connection& c) {
@@ -537,6 +547,19 @@ void Stream::fall_back(stats::FallbackReason reason, uint8_t peer_reason) {
     LOG_DEBUG("fd %d: staying on TCP (%s)", tcp_fd_, stats::fallback_reason_name(reason));
   }
   wake();
+}
+
+void Stream::accept_failed(stats::FallbackReason reason, bool peer_gone) {
+  {
+    std::lock_guard lk(mu_);
+    if (phase() != Phase::kPending) return;
+    // Upgrading again, the request may be a stale one: the client gave up
+    // on it (its bound ran out while this process was stopped, as a fork
+    // child is while its parent holds the request) and tries again. Its
+    // next request must find this stream still waiting, not refused.
+    if (peer_gone && reup_ && !client_ && retry_reupgrade(reason)) return;
+  }
+  fall_back(reason);
 }
 
 void Stream::break_connection(int err, const char* why) {
@@ -1063,6 +1086,12 @@ bool Stream::retry_reupgrade(stats::FallbackReason reason) {
     if (orphaned_ || now_ns() > deadline_ns_) return false;
     conn_.reset();
     reup_waiting_.store(true, std::memory_order_release);
+    // The match dropped its claim (a fork child's, in the listening
+    // socket's share table): made again, or the owner has nowhere to send
+    // the client's next request (make_reachable; for a stream of the
+    // listener's own process it only puts it back among those awaiting).
+    claim_wanted_.store(true, std::memory_order_release);
+    server_awaits_request();
     want_loop();
     LOG_DEBUG("fd %d: upgrading again failed (%s); waiting for the client's next attempt",
               tcp_fd_, stats::fallback_reason_name(reason));

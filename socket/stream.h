@@ -208,7 +208,8 @@ class Stream {
     if (at > 1 && !late_retried_ && tcp_tx_ + tcp_rx_ >= kEarlyStartBytes)
       start_at_ns_.compare_exchange_strong(at, 1, std::memory_order_acq_rel);
   }
-  void attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
+  // false: refused (closed or fallen back since the match), conn destroyed.
+  bool attach_accepted(std::unique_ptr<transport::Connection> conn, uint64_t peer_cookie,
                        uint8_t version);
   // Why it last stayed on or went back to TCP: FallbackReason in the low
   // byte, the peer's wire::RejectReason (with kRejected) in the next; 0 if
@@ -216,6 +217,11 @@ class Stream {
   uint16_t fallback_code() const { return fallback_code_.load(std::memory_order_relaxed); }
   // Give the socket back to the kernel (peer_reason: see stats::set_fallback).
   void fall_back(stats::FallbackReason reason, uint8_t peer_reason = 0);
+  // A server's: the request matched to it could not be accepted (ours:
+  // out of resources; peer_gone: the client's request went away). Falls
+  // back, unless it waits to upgrade again and the client went: then it
+  // waits for the client's next attempt.
+  void accept_failed(stats::FallbackReason reason, bool peer_gone);
   // Counts a fallback for rsock-stat and keeps it for fallback_code().
   void note_fallback(stats::FallbackReason reason, uint8_t peer_reason = 0);
   // Called when the last application fd is gone. Returns true when the

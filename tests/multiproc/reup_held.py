@@ -19,7 +19,16 @@
 # right. Before, the answer was a refusal and the client stayed on TCP for
 # good ("not upgrading again (rejected)"). The client's own bound for an
 # attempt is longer (10 s), so that the owner's answer, not the client's
-# timer, ends the first attempt.
+# timer, ends the first attempt. The parent closes its copy only once the
+# child has stopped, so that the child cannot make itself reachable first.
+#
+# reup_held.py ADDR --stale: the other order. The child runs for 0.3 s
+# before it stops, becomes the only holder and publishes its redirect, so
+# the client's first attempt goes to the stopped child and ends at the
+# client's bound. The request the child finds when continued is stale (the
+# client gave up on it): its stream must wait for the client's next attempt
+# and make itself reachable again (Stream::accept_failed), not refuse it
+# for good, and the connection must end on RDMA.
 import os, signal, socket, subprocess, sys, threading, time
 
 from rdma_env import (bytes_of, echo_to_eof, fallback_of, recv_exactly, skip_unless_rdma,
@@ -27,6 +36,7 @@ from rdma_env import (bytes_of, echo_to_eof, fallback_of, recv_exactly, skip_unl
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 CLIENT = "--client" in sys.argv[2:]
+STALE = "--stale" in sys.argv[2:]
 N = 256 * 1024
 
 
@@ -54,10 +64,8 @@ def client(port):
     # again), and on RDMA again.
     first = wait_transport(s, 2, 20)
     later = wait_transport(s, 2, 10, leave=True) if first[-1] == 2 else []
-    # (40 s: the child's progress thread may publish its redirect before
-    # the child stops, seen once in about ten runs; the first attempt then
-    # reaches the stopped child and ends at the client's 10 s bound, and
-    # the owner's answer comes with the retries after 2 and 8 s.)
+    # (40 s: with --stale the first attempt reaches the stopped child and
+    # ends at the client's 10 s bound, and the next comes 2 s later.)
     again = wait_transport(s, 2, 40)
     data = os.urandom(N)
     s.sendall(data)
@@ -115,10 +123,18 @@ pid = os.fork()
 if pid == 0:
     try:
         lst.close()
+        # (--stale: running long enough to make itself reachable first.)
+        if STALE:
+            time.sleep(0.3)
         os.kill(os.getpid(), signal.SIGSTOP)
         echo_to_eof(c)
     finally:
         os._exit(0)
+if not STALE:
+    # Stopped before it can be the only holder: it cannot publish its
+    # redirect before the client's request arrives (it did, in most runs,
+    # once the progress thread drove streams outside the registry's lock).
+    os.waitpid(pid, os.WUNTRACED)
 c.close()
 arranged = ended.wait(40)  # 0.5 s, then the 3 s hold (the client's bound is 10 s)
 os.kill(pid, signal.SIGCONT)
@@ -135,7 +151,19 @@ for line in log:
     if "again" in line or "RDMA" in line or "rendezvous" in line:
         print("client log: " + line)
 retried = any("upgrading again failed (rejected); next attempt" in l for l in log)
-if rc == 0 and not retried:
+# The other order (see client()): the child published its redirect before it
+# stopped, the first attempt went to it and ran into the client's bound. The
+# stale request the child then finds must leave its stream waiting for the
+# client's next attempt (Stream::accept_failed); before, the child refused
+# it for good ("not upgrading again (peer_closed)") and the connection
+# stayed on TCP.
+redirected_first = (any("rendezvous redirected" in l for l in log) and
+                    any("upgrading again failed (timeout); next attempt" in l for l in log))
+if STALE and rc == 0 and not redirected_first:
+    print("FAIL: the client's first attempt was not redirected to the stopped child (it did "
+          "not publish its redirect within 0.3 s?)")
+    rc = 1
+if not STALE and rc == 0 and not retried:
     print("FAIL: the client's first attempt to upgrade again did not end in the owner's "
           "answer and a retry (%s)" % ("no such line in its log" if not arranged else "see above"))
     rc = 1
