@@ -92,6 +92,15 @@ uint16_t port_of(const sockaddr_storage& a) {
 }
 
 // IPs equal (IPv4-mapped IPv6 compares as IPv4).
+// A listener's address that serves every local address (0.0.0.0, ::).
+bool is_wildcard(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET)
+    return reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr == htonl(INADDR_ANY);
+  if (a.ss_family == AF_INET6)
+    return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr);
+  return false;
+}
+
 bool same_ip(const sockaddr* a, const sockaddr* b) {
   auto v4 = [](const sockaddr* s, in_addr* out) {
     if (s->sa_family == AF_INET) {
@@ -267,6 +276,10 @@ struct Registry {
   // The turn's streams, moved off `active` under the lock and driven
   // without it (thread_main); empty between turns.
   ActiveList turn;
+  // rdma_cm listeners dropped from `listeners` (drop_listener), destroyed
+  // at the top of the thread's next turn: an accept of the turn in flight
+  // without the lock (Accepting::via) may still use one.
+  std::vector<std::unique_ptr<transport::Listener>> dropped;
   // Requests try_match paired with a stream, accepted without the lock
   // (finish_accepts); empty between turns.
   std::vector<Accepting> accepting;
@@ -311,6 +324,7 @@ Registry* reg() {
 #define g_active (reg()->active)
 #define g_turn (reg()->turn)
 #define g_accepting (reg()->accepting)
+#define g_dropped (reg()->dropped)
 #define g_timers (reg()->timers)
 #define g_watches (reg()->watches)
 #define g_epfd (reg()->epfd)
@@ -399,7 +413,7 @@ bool awaits_request(Stream* st) {
   // (One that another process holds too cannot take a request: it waits to
   // be the only holder, then its request is made reachable.)
   return !st->client() && st->phase() == Phase::kPending && !st->has_conn() &&
-         !st->shared_by_fork();
+         !st->accepting && !st->shared_by_fork();
 }
 void add_awaiting(Stream* st) {
   if (st->awaiting || !awaits_request(st)) return;
@@ -463,6 +477,9 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
     Accepting a{std::move(req), l->listener.get(), st, rep, rq.cookie};
     try {
       g_accepting.push_back(std::move(a));  // (a stays whole if this throws)
+      // Not matched again before its accept (a rescan of the registry
+      // would find it still waiting, with no connection yet).
+      st->accepting = true;
     } catch (const std::bad_alloc&) {
       accept_matched(a);
     }
@@ -498,9 +515,15 @@ void accept_matched(Accepting& a) {
   if (st->attach_accepted(std::move(*c), a.peer_cookie, a.rep.version)) poke();
 }
 
-// After the locked part of a turn: the accepts try_match deferred.
+// After the locked part of a turn: the accepts try_match deferred. The
+// list is emptied under g_mu again (done_accepts).
 void finish_accepts() {
   for (auto& a : g_accepting) accept_matched(a);
+}
+
+// Under g_mu, after finish_accepts.
+void done_accepts() {
+  for (auto& a : g_accepting) a.st->accepting = false;
   g_accepting.clear();
 }
 
@@ -652,6 +675,13 @@ void drop_listener(size_t i) {
     listen_share::set_owner(share, 0);
   auto* named = g_listeners[i].named;
   if (named && listen_share::owner(named) == int32_t(getpid())) listen_share::set_owner(named, 0);
+  if (g_listeners[i].listener) {
+    try {
+      g_dropped.push_back(std::move(g_listeners[i].listener));
+    } catch (const std::bad_alloc&) {
+      (void)g_listeners[i].listener.release();  // leaked rather than freed under an accept
+    }
+  }
   g_listeners.erase(g_listeners.begin() + long(i));
 }
 
@@ -1159,6 +1189,7 @@ void* thread_main(void*) {
     const uint64_t now = now_ns();
     {
       std::lock_guard lk(g_mu);
+      g_dropped.clear();  // (no accept in flight: g_accepting is empty)
       service_listeners(now);
       expire_listeners(now);
       // (Not busy for it: a retry is 20 ms to 1 s away, the idle tick is 50.)
@@ -1219,6 +1250,7 @@ void* thread_main(void*) {
     for (Stream& st : g_turn) drive(&st, now);
     {
       std::lock_guard lk(g_mu);
+      done_accepts();
       while (!g_turn.empty()) {
         Stream* st = &g_turn.front();
         g_turn.pop_front();
@@ -1510,9 +1542,10 @@ uint16_t side_listener_port(const sockaddr_storage& local) {
 void make_reachable(Stream* st, uint64_t now) {
   uint16_t port = port_of(st->local());
   for (auto& e : g_listeners) {
+    // (A wildcard listener, 0.0.0.0 or ::, serves every local address.)
     if (e.side || !(e.listener || e.alias) || e.tcp_port != port ||
-        !same_ip(reinterpret_cast<const sockaddr*>(&e.addr),
-                 reinterpret_cast<const sockaddr*>(&st->local())))
+        !(is_wildcard(e.addr) || same_ip(reinterpret_cast<const sockaddr*>(&e.addr),
+                                         reinterpret_cast<const sockaddr*>(&st->local()))))
       continue;
     add_awaiting(st);
     return;
@@ -2274,7 +2307,30 @@ void listener_passing(Socket* s) {
   name_kept_listeners([s](Socket* x) { return x == s; });
 }
 
+namespace {
+// The progress thread parked for registry work of an exec, an exit or an
+// io_uring setup: it drives streams and accepts requests without g_mu
+// (thread_main), and these hand connections on, fall back pending ones and
+// settle switches on the assumption that no rendezvous starts or is
+// accepted meanwhile. While it is parked, the connections settled read the
+// rdma_cm hub themselves (as at fork). g_loop_mu before g_mu (lock order).
+class ParkedProgress {
+ public:
+  ParkedProgress() : lk_(g_loop_mu), serviced_(transport::cm_hub::serviced()) {
+    transport::cm_hub::set_serviced(false);
+  }
+  ~ParkedProgress() { transport::cm_hub::set_serviced(serviced_); }
+  ParkedProgress(const ParkedProgress&) = delete;
+  ParkedProgress& operator=(const ParkedProgress&) = delete;
+
+ private:
+  std::lock_guard<std::mutex> lk_;
+  bool serviced_;
+};
+}  // namespace
+
 void progress_before_exec(bool replaces) {
+  ParkedProgress parked;
   std::lock_guard lk(g_mu);
   const auto& tun = process_config().tunables;
   // A listening socket the new program keeps: it will publish the
@@ -2348,6 +2404,7 @@ void progress_exec_failed() {
 }
 
 void progress_at_exit() {
+  ParkedProgress parked;
   std::lock_guard lk(g_mu);
   // Bytes written during a switch are held in our memory until it ends
   // (Stream::holds): the switch is driven to its end first, then every
@@ -2371,6 +2428,7 @@ void progress_io_uring_started() {
   log::write_line(log::Level::kWarn,
                   "the program set up io_uring, whose I/O bypasses librsock: its connections "
                   "stay on kernel TCP from now on (fallback reason io_uring)");
+  ParkedProgress parked;
   std::lock_guard lk(g_mu);
   fall_back_pending(stats::FallbackReason::kIoUring);
   // Connections the application closed finish where they are: no ring can

@@ -405,7 +405,10 @@ void Stream::start_client() {
 // Under mu_ (it may drop it to fall back, as advance_locked does).
 void Stream::start_client_locked() {
   reup_at_ns_.store(0, std::memory_order_release);
-  if (phase() != Phase::kPending || orphaned_ || conn_) return;  // fell back (fork) or closed meanwhile
+  // Fell back (fork), closed, or shared with another process (fd passing,
+  // which waits to be its only holder) meanwhile: the progress thread takes
+  // the request and makes the start without the registry's lock.
+  if (phase() != Phase::kPending || orphaned_ || conn_ || shared_by_fork()) return;
   if (reup_) {
     reup_waiting_.store(false, std::memory_order_release);
     deadline_ns_ = now_ns() + reup_attempt_ns();
@@ -461,7 +464,9 @@ bool Stream::attach_accepted(std::unique_ptr<transport::Connection> conn, uint64
   // finish_accepts): the application may have closed the socket, or its
   // stream fallen back (deadline, fork), meanwhile. The connection is
   // destroyed after the lock, as its destructor makes verbs calls.
-  if (orphaned_ || phase() != Phase::kPending || conn_) {
+  // (Or handed on meanwhile: shared with a process it was passed to.)
+  if (orphaned_ || phase() != Phase::kPending || conn_ || shared_by_fork() ||
+      plain_when_drained_) {
     lk.unlock();
     conn.reset();
     return false;
@@ -552,7 +557,7 @@ void Stream::fall_back(stats::FallbackReason reason, uint8_t peer_reason) {
 void Stream::accept_failed(stats::FallbackReason reason, bool peer_gone) {
   {
     std::lock_guard lk(mu_);
-    if (phase() != Phase::kPending) return;
+    if (phase() != Phase::kPending || conn_) return;
     // Upgrading again, the request may be a stale one: the client gave up
     // on it (its bound ran out while this process was stopped, as a fork
     // child is while its parent holds the request) and tries again. Its
@@ -1002,6 +1007,7 @@ void Stream::become_sole() {
             tcp_fd_, (unsigned long long)tcp_tx_, (unsigned long long)tcp_rx_);
   schedule_reupgrade(0);
   if (!client_) {
+    sole_after_share_ = true;
     claim_wanted_.store(true, std::memory_order_release);
     server_awaits_request();
     want_loop();
@@ -1088,9 +1094,8 @@ bool Stream::retry_reupgrade(stats::FallbackReason reason) {
     reup_waiting_.store(true, std::memory_order_release);
     // The match dropped its claim (a fork child's, in the listening
     // socket's share table): made again, or the owner has nowhere to send
-    // the client's next request (make_reachable; for a stream of the
-    // listener's own process it only puts it back among those awaiting).
-    claim_wanted_.store(true, std::memory_order_release);
+    // the client's next request (make_reachable).
+    if (sole_after_share_) claim_wanted_.store(true, std::memory_order_release);
     server_awaits_request();
     want_loop();
     LOG_DEBUG("fd %d: upgrading again failed (%s); waiting for the client's next attempt",

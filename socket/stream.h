@@ -373,6 +373,7 @@ class Stream {
   bool tcp_watch_armed = false;  // progress thread only: the one-shot idle-TCP watch is armed
   bool tcp_watched = false;  // progress thread only, under its lock
   bool awaiting = false;     // in the registry's `awaiting` list (under its lock)
+  bool accepting = false;    // matched, its accept not done yet (under its lock)
   size_t reg_index = 0;      // where the registry holds it (under its lock)
   uint64_t next_tick_ns = 0;  // progress thread only: next look while on RDMA
   // The progress thread's schedule (socket/progress.cc, "The registry at
@@ -402,8 +403,9 @@ class Stream {
   const sockaddr_storage& local() const { return local_; }
   uint64_t cookie() const { return my_cookie_; }
   uint64_t deadline_ns() const { return deadline_ns_; }
-  // A connection is attached (the rendezvous has one). Under the
-  // registry's lock for pending server streams (progress.cc).
+  // A connection is attached (the rendezvous has one). A pending server
+  // stream's is attached only by the progress thread: read by it, or with
+  // it parked (fork, exec, exit: progress.cc).
   bool has_conn() const { return conn_ != nullptr; }
   // The kernel socket: the application's own fd (the one connect() or
   // accept() returned) until the application closes that number; from then
@@ -701,6 +703,7 @@ class Stream {
   // of a connection that was on RDMA; its failure is quiet (no fallback
   // counted, nothing cached but a lossy path), the stream just stays on TCP.
   bool reup_ = false;
+  bool sole_after_share_ = false;  // server: became the only holder (made itself reachable)
   bool reup_allowed_ = false;  // the running reverse switch may end in one
   int reup_tries_ = 0;         // client: attempts made
   std::atomic<uint64_t> reup_at_ns_{0};  // client: the next attempt is due (0: none)

@@ -22,14 +22,15 @@
 # timer, ends the first attempt. The parent closes its copy only once the
 # child has stopped, so that the child cannot make itself reachable first.
 #
-# reup_held.py ADDR --stale: the other order. The child runs for 0.3 s
-# before it stops, becomes the only holder and publishes its redirect, so
+# reup_held.py ADDR --stale: the other order. The child runs until it is the
+# only holder and has published its redirect (its line in the librsock log,
+# which this mode writes to a file), then stops, so
 # the client's first attempt goes to the stopped child and ends at the
 # client's bound. The request the child finds when continued is stale (the
 # client gave up on it): its stream must wait for the client's next attempt
 # and make itself reachable again (Stream::accept_failed), not refuse it
 # for good, and the connection must end on RDMA.
-import os, signal, socket, subprocess, sys, threading, time
+import glob, os, signal, socket, subprocess, sys, tempfile, threading, time
 
 from rdma_env import (bytes_of, echo_to_eof, fallback_of, recv_exactly, skip_unless_rdma,
                       transport_of)
@@ -87,6 +88,15 @@ def client(port):
 if CLIENT:
     sys.exit(client(int(sys.argv[3])))
 
+if STALE and "RSOCK_TEST_LOG_DIR" not in os.environ:
+    # The child must stop right after it published its redirect: it reads
+    # that from this process's librsock log (its own lines, by pid), so the
+    # test runs again with a debug log in a file of its own.
+    d = tempfile.mkdtemp()
+    os.execve(sys.executable, [sys.executable] + sys.argv,
+              dict(os.environ, RSOCK_LOG_LEVEL="debug", RSOCK_TEST_LOG_DIR=d,
+                   RSOCK_LOG_FILE=os.path.join(d, "server.%p.log")))
+
 skip_unless_rdma(ADDR)
 if "librsock" not in os.environ.get("LD_PRELOAD", ""):
     print("SKIP: needs LD_PRELOAD=librsock.so (ctest sets it)")
@@ -97,6 +107,7 @@ lst.bind((ADDR, 0))
 lst.listen()
 port = lst.getsockname()[1]
 cenv = dict(os.environ, RSOCK_UPGRADE_TIMEOUT_MS="10000", RSOCK_LOG_LEVEL="debug")
+cenv.pop("RSOCK_LOG_FILE", None)  # (the client's log is read from its stderr)
 cli = subprocess.Popen([sys.executable, __file__, ADDR, "--client", str(port)], env=cenv,
                        stderr=subprocess.PIPE, text=True)
 log, ended = [], threading.Event()  # the client's librsock log; its first attempt's end
@@ -123,9 +134,14 @@ pid = os.fork()
 if pid == 0:
     try:
         lst.close()
-        # (--stale: running long enough to make itself reachable first.)
+        # (--stale: running until it made itself reachable.)
         if STALE:
-            time.sleep(0.3)
+            me, end = "librsock[%d]" % os.getpid(), time.time() + 20
+            while time.time() < end and not any(
+                    me in l and "redirects its request" in l
+                    for f in glob.glob(os.path.join(os.environ["RSOCK_TEST_LOG_DIR"], "*"))
+                    for l in open(f, errors="replace")):
+                time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGSTOP)
         echo_to_eof(c)
     finally:
@@ -160,9 +176,13 @@ retried = any("upgrading again failed (rejected); next attempt" in l for l in lo
 redirected_first = (any("rendezvous redirected" in l for l in log) and
                     any("upgrading again failed (timeout); next attempt" in l for l in log))
 if STALE and rc == 0 and not redirected_first:
-    print("FAIL: the client's first attempt was not redirected to the stopped child (it did "
-          "not publish its redirect within 0.3 s?)")
+    print("FAIL: the client's first attempt was not redirected to the stopped child")
     rc = 1
+if STALE and rc != 0:
+    for f in glob.glob(os.path.join(os.environ["RSOCK_TEST_LOG_DIR"], "*")):
+        for l in open(f, errors="replace"):
+            if "again" in l or "RDMA" in l or "rendezvous" in l or "holder" in l:
+                print("server log: " + l.rstrip("\n"))
 if not STALE and rc == 0 and not retried:
     print("FAIL: the client's first attempt to upgrade again did not end in the owner's "
           "answer and a retry (%s)" % ("no such line in its log" if not arranged else "see above"))
