@@ -413,7 +413,7 @@ bool awaits_request(Stream* st) {
   // (One that another process holds too cannot take a request: it waits to
   // be the only holder, then its request is made reachable.)
   return !st->client() && st->phase() == Phase::kPending && !st->has_conn() &&
-         !st->accepting && !st->shared_by_fork();
+         !st->accepting.load(std::memory_order_acquire) && !st->shared_by_fork();
 }
 void add_awaiting(Stream* st) {
   if (st->awaiting || !awaits_request(st)) return;
@@ -478,8 +478,9 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
     try {
       g_accepting.push_back(std::move(a));  // (a stays whole if this throws)
       // Not matched again before its accept (a rescan of the registry
-      // would find it still waiting, with no connection yet).
-      st->accepting = true;
+      // would find it still waiting, with no connection yet), and waited
+      // for by a give_away (fd passing) meanwhile.
+      st->accepting.store(true, std::memory_order_release);
     } catch (const std::bad_alloc&) {
       accept_matched(a);
     }
@@ -493,6 +494,11 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
 void accept_matched(Accepting& a) {
   auto c = a.via->accept(std::move(a.req), std::as_bytes(std::span(&a.rep, 1)));
   Stream* st = a.st;
+  // (Cleared once the stream has its connection or has fallen back.)
+  struct Done {
+    Stream* st;
+    ~Done() { st->accepting.store(false, std::memory_order_release); }
+  } done{st};
   if (!c) {
     // Rejected with kNoResources. This connection stays on TCP now,
     // rather than wait out upgrade_timeout_ms for a retry that a first
@@ -522,10 +528,7 @@ void finish_accepts() {
 }
 
 // Under g_mu, after finish_accepts.
-void done_accepts() {
-  for (auto& a : g_accepting) a.st->accepting = false;
-  g_accepting.clear();
-}
+void done_accepts() { g_accepting.clear(); }
 
 // Once this process passed a server connection to another (SCM_RIGHTS) or
 // received one: the per-user table through which a receiver that became

@@ -1255,9 +1255,13 @@ bool Stream::give_away(uint64_t deadline_ns) {
   // "Upgrading again in the receiver"), unless a client's rendezvous is in
   // flight: whichever process keeps the socket could not finish it.
   // (conn_ is read under mu_: the progress thread may drop it meanwhile.)
+  // (A server's request the progress thread matched and is accepting, its
+  // connection not attached yet, counts: passed meanwhile, the stream would
+  // refuse the connection its client already sees accepted.)
   auto in_rendezvous = [this] {
     std::lock_guard lk(mu_);
-    return phase() == Phase::kPending && conn_ != nullptr;
+    return phase() == Phase::kPending &&
+           (conn_ != nullptr || (!client_ && accepting.load(std::memory_order_acquire)));
   };
   bool share = process_config().tunables.reupgrade && !(client_ && in_rendezvous());
   if (!share) fall_back(stats::FallbackReason::kHandedOff);  // acts on a pending upgrade only

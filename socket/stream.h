@@ -373,7 +373,10 @@ class Stream {
   bool tcp_watch_armed = false;  // progress thread only: the one-shot idle-TCP watch is armed
   bool tcp_watched = false;  // progress thread only, under its lock
   bool awaiting = false;     // in the registry's `awaiting` list (under its lock)
-  bool accepting = false;    // matched, its accept not done yet (under its lock)
+  // Matched to a request whose accept the progress thread has not finished
+  // (set under the registry's lock, cleared without it): not matched again
+  // meanwhile, and a give_away waits for it as for a rendezvous.
+  std::atomic<bool> accepting{false};
   size_t reg_index = 0;      // where the registry holds it (under its lock)
   uint64_t next_tick_ns = 0;  // progress thread only: next look while on RDMA
   // The progress thread's schedule (socket/progress.cc, "The registry at
