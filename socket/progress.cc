@@ -91,7 +91,6 @@ uint16_t port_of(const sockaddr_storage& a) {
   return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);  // same offset in v6
 }
 
-// IPs equal (IPv4-mapped IPv6 compares as IPv4).
 // A listener's address that serves every local address (0.0.0.0, ::).
 bool is_wildcard(const sockaddr_storage& a) {
   if (a.ss_family == AF_INET)
@@ -101,6 +100,7 @@ bool is_wildcard(const sockaddr_storage& a) {
   return false;
 }
 
+// IPs equal (IPv4-mapped IPv6 compares as IPv4).
 bool same_ip(const sockaddr* a, const sockaddr* b) {
   auto v4 = [](const sockaddr* s, in_addr* out) {
     if (s->sa_family == AF_INET) {
@@ -204,7 +204,7 @@ struct ShareClaim {
 // connect() wait for g_mu.
 struct Accepting {
   transport::IncomingRequest req;
-  transport::Listener* via;  // (only this thread drops listeners)
+  transport::Listener* via;  // (destroyed only at the top of a turn: Registry::dropped)
   Stream* st;                // (only this thread deletes streams)
   wire::RendezvousReply rep;
   uint64_t peer_cookie;      // the request's
@@ -1240,15 +1240,17 @@ void* thread_main(void*) {
         }
         // Driven after the lock (drive()): a rendezvous's steps are verbs and
         // rdma_cm calls, up to a millisecond each on rxe, and the
-        // application's connect() and accept() wait for g_mu (measured:
-        // redis-benchmark's connect() waited 14-138 ms for it).
+        // application's connect() and accept() wait for g_mu (measured: 29
+        // connect()s of a burst took 73-240 ms under the whole-turn lock,
+        // 19-31 ms without; docs/PERFORMANCE.md).
         st->loop_hook.unlink();
         g_turn.push_back(*st);
       }
     }
-    // Only this thread deletes streams and drops listeners, and fork waits
-    // for g_loop_mu, which it holds: what it took from the registry stays
-    // valid until it takes g_mu again.
+    // What it took from the registry stays valid until it takes g_mu
+    // again: only this thread deletes streams, a listener dropped meanwhile
+    // is destroyed at the next turn (Registry::dropped), and fork, exec and
+    // exit wait for g_loop_mu, which it holds (ParkedProgress).
     finish_accepts();
     for (Stream& st : g_turn) drive(&st, now);
     {
@@ -2148,10 +2150,9 @@ void fall_back_pending(stats::FallbackReason why) {
 
 // Under g_mu, at fork and exec: switches in flight (kSwitching: neither
 // pending, which falls back, nor on RDMA, which is handed off) are driven to
-// their end by this thread, every one at once: the progress thread waits
-// for g_mu (at fork it is parked; at exec it may still drive the streams it
-// took before, under their locks, as any thread may), and both ends of a
-// connection may be in this process. Bounded
+// their end by this thread, every one at once: the progress thread is
+// parked (g_loop_mu: fork, ParkedProgress), and both ends of a connection
+// may be in this process. Bounded
 // by upgrade_timeout_ms; one still switching then is left as it is.
 void settle_switches(bool servers = true) {
   uint64_t deadline = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
