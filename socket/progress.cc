@@ -299,6 +299,20 @@ std::atomic<Registry*> g_reg_ptr{nullptr};
 // during exit).
 std::mutex g_loop_mu;
 bool g_hub_serviced_before_fork = false;
+// Parks the progress thread (it holds g_loop_mu while awake) for work that
+// must not run beside its turn: fork, exec, exit, io_uring. While it is
+// parked, the connections that work settles read the rdma_cm hub
+// themselves. Returns the hub's state for unpark_progress.
+bool park_progress() {
+  g_loop_mu.lock();
+  const bool serviced = transport::cm_hub::serviced();
+  transport::cm_hub::set_serviced(false);
+  return serviced;
+}
+void unpark_progress(bool serviced) {
+  transport::cm_hub::set_serviced(serviced);
+  g_loop_mu.unlock();
+}
 std::atomic<bool> g_thread_up{false};  // the progress thread reached thread_main
 // Inherited listeners (with a share) whose owner nobody watches yet: the
 // accept and epoll_ctl hooks look for them only while this is nonzero.
@@ -494,11 +508,6 @@ bool try_match(transport::IncomingRequest& req, transport::Listener* via) {
 void accept_matched(Accepting& a) {
   auto c = a.via->accept(std::move(a.req), std::as_bytes(std::span(&a.rep, 1)));
   Stream* st = a.st;
-  // (Cleared once the stream has its connection or has fallen back.)
-  struct Done {
-    Stream* st;
-    ~Done() { st->accepting.store(false, std::memory_order_release); }
-  } done{st};
   if (!c) {
     // Rejected with kNoResources. This connection stays on TCP now,
     // rather than wait out upgrade_timeout_ms for a retry that a first
@@ -514,21 +523,21 @@ void accept_matched(Accepting& a) {
                       : ours       ? stats::FallbackReason::kNoResources
                                    : stats::FallbackReason::kPeerClosed,
                       /*peer_gone=*/e != ENOBUFS && !ours);
-    return;
+  } else if (st->attach_accepted(std::move(*c), a.peer_cookie, a.rep.version)) {
+    // (A stream closed or fallen back meanwhile refused it: the connection
+    // went, and the client, which sees it end, stays on TCP.)
+    poke();
   }
-  // (A stream closed or fallen back meanwhile refuses it: the connection
-  // goes, and the client, which sees it end, stays on TCP.)
-  if (st->attach_accepted(std::move(*c), a.peer_cookie, a.rep.version)) poke();
+  // Once the stream has its connection or has fallen back.
+  st->accepting.store(false, std::memory_order_release);
 }
 
-// After the locked part of a turn: the accepts try_match deferred. The
-// list is emptied under g_mu again (done_accepts).
+// After the locked part of a turn: the accepts try_match deferred. (The
+// list is this thread's alone: no lock.)
 void finish_accepts() {
   for (auto& a : g_accepting) accept_matched(a);
+  g_accepting.clear();
 }
-
-// Under g_mu, after finish_accepts.
-void done_accepts() { g_accepting.clear(); }
 
 // Once this process passed a server connection to another (SCM_RIGHTS) or
 // received one: the per-user table through which a receiver that became
@@ -1192,7 +1201,7 @@ void* thread_main(void*) {
     const uint64_t now = now_ns();
     {
       std::lock_guard lk(g_mu);
-      g_dropped.clear();  // (no accept in flight: g_accepting is empty)
+      g_dropped.clear();  // (no accept in flight: finish_accepts emptied the list)
       service_listeners(now);
       expire_listeners(now);
       // (Not busy for it: a retry is 20 ms to 1 s away, the idle tick is 50.)
@@ -1255,7 +1264,6 @@ void* thread_main(void*) {
     for (Stream& st : g_turn) drive(&st, now);
     {
       std::lock_guard lk(g_mu);
-      done_accepts();
       while (!g_turn.empty()) {
         Stream* st = &g_turn.front();
         g_turn.pop_front();
@@ -2184,11 +2192,9 @@ void settle_switches(bool servers = true) {
 
 void progress_before_fork() {
   epoll_before_fork();
-  // The progress thread parks first (g_loop_mu); while it is parked the
-  // connections settled below read the rdma_cm hub themselves.
-  g_loop_mu.lock();
-  g_hub_serviced_before_fork = transport::cm_hub::serviced();
-  transport::cm_hub::set_serviced(false);
+  // The progress thread parks first; while it is parked the connections
+  // settled below read the rdma_cm hub themselves.
+  g_hub_serviced_before_fork = park_progress();
 
   // Held across fork(): no stream can be created or start its rendezvous
   // meanwhile. An upgrade still pending now would be completed by one process
@@ -2313,22 +2319,18 @@ void listener_passing(Socket* s) {
 
 namespace {
 // The progress thread parked for registry work of an exec, an exit or an
-// io_uring setup: it drives streams and accepts requests without g_mu
-// (thread_main), and these hand connections on, fall back pending ones and
-// settle switches on the assumption that no rendezvous starts or is
-// accepted meanwhile. While it is parked, the connections settled read the
-// rdma_cm hub themselves (as at fork). g_loop_mu before g_mu (lock order).
+// io_uring setup, as at fork: it drives streams and accepts requests
+// without g_mu (thread_main), and these hand connections on, fall back
+// pending ones and settle switches on the assumption that no rendezvous
+// starts or is accepted meanwhile. Taken before g_mu (lock order).
 class ParkedProgress {
  public:
-  ParkedProgress() : lk_(g_loop_mu), serviced_(transport::cm_hub::serviced()) {
-    transport::cm_hub::set_serviced(false);
-  }
-  ~ParkedProgress() { transport::cm_hub::set_serviced(serviced_); }
+  ParkedProgress() : serviced_(park_progress()) {}
+  ~ParkedProgress() { unpark_progress(serviced_); }
   ParkedProgress(const ParkedProgress&) = delete;
   ParkedProgress& operator=(const ParkedProgress&) = delete;
 
  private:
-  std::lock_guard<std::mutex> lk_;
   bool serviced_;
 };
 }  // namespace
@@ -2444,8 +2446,7 @@ void progress_after_fork_parent(bool failed) {
   for (size_t i = 0; i < g_streams.size(); i++)
     if (g_stream_owner[i]) g_streams[i]->fork_done(failed);
   g_mu.unlock();
-  transport::cm_hub::set_serviced(g_hub_serviced_before_fork);
-  g_loop_mu.unlock();
+  unpark_progress(g_hub_serviced_before_fork);
 }
 
 void progress_after_fork_child() {

@@ -97,6 +97,14 @@ if STALE and "RSOCK_TEST_LOG_DIR" not in os.environ:
               dict(os.environ, RSOCK_LOG_LEVEL="debug", RSOCK_TEST_LOG_DIR=d,
                    RSOCK_LOG_FILE=os.path.join(d, "server.%p.log")))
 
+
+
+def server_log():
+    # (--stale) every line of this process's and its child's librsock log.
+    for f in glob.glob(os.path.join(os.environ["RSOCK_TEST_LOG_DIR"], "*")):
+        yield from open(f, errors="replace")
+
+
 skip_unless_rdma(ADDR)
 if "librsock" not in os.environ.get("LD_PRELOAD", ""):
     print("SKIP: needs LD_PRELOAD=librsock.so (ctest sets it)")
@@ -138,9 +146,7 @@ if pid == 0:
         if STALE:
             me, end = "librsock[%d]" % os.getpid(), time.time() + 20
             while time.time() < end and not any(
-                    me in l and "redirects its request" in l
-                    for f in glob.glob(os.path.join(os.environ["RSOCK_TEST_LOG_DIR"], "*"))
-                    for l in open(f, errors="replace")):
+                    me in l and "redirects its request" in l for l in server_log()):
                 time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGSTOP)
         echo_to_eof(c)
@@ -167,22 +173,16 @@ for line in log:
     if "again" in line or "RDMA" in line or "rendezvous" in line:
         print("client log: " + line)
 retried = any("upgrading again failed (rejected); next attempt" in l for l in log)
-# The other order (see client()): the child published its redirect before it
-# stopped, the first attempt went to it and ran into the client's bound. The
-# stale request the child then finds must leave its stream waiting for the
-# client's next attempt (Stream::accept_failed); before, the child refused
-# it for good ("not upgrading again (peer_closed)") and the connection
-# stayed on TCP.
+# (--stale: the order the header describes.)
 redirected_first = (any("rendezvous redirected" in l for l in log) and
                     any("upgrading again failed (timeout); next attempt" in l for l in log))
 if STALE and rc == 0 and not redirected_first:
     print("FAIL: the client's first attempt was not redirected to the stopped child")
     rc = 1
 if STALE and rc != 0:
-    for f in glob.glob(os.path.join(os.environ["RSOCK_TEST_LOG_DIR"], "*")):
-        for l in open(f, errors="replace"):
-            if "again" in l or "RDMA" in l or "rendezvous" in l or "holder" in l:
-                print("server log: " + l.rstrip("\n"))
+    for l in server_log():
+        if "again" in l or "RDMA" in l or "rendezvous" in l or "holder" in l:
+            print("server log: " + l.rstrip("\n"))
 if not STALE and rc == 0 and not retried:
     print("FAIL: the client's first attempt to upgrade again did not end in the owner's "
           "answer and a retry (%s)" % ("no such line in its log" if not arranged else "see above"))
