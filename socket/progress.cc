@@ -524,10 +524,9 @@ void accept_matched(Accepting& a) {
                                    : stats::FallbackReason::kPeerClosed,
                       /*peer_gone=*/e != ENOBUFS && !ours);
   } else if (st->attach_accepted(std::move(*c), a.peer_cookie, a.rep.version)) {
-    // (A stream closed or fallen back meanwhile refused it: the connection
-    // went, and the client, which sees it end, stays on TCP.)
     poke();
-  }
+  }  // (else: closed or fallen back meanwhile, the stream refused it; the
+     // connection went, and the client, which sees it end, stays on TCP)
   // Once the stream has its connection or has fallen back.
   st->accepting.store(false, std::memory_order_release);
 }

@@ -49,8 +49,9 @@ if [ "$QUICK" = --quick ]; then   # the ctest smoke: ~90 s in the VM
 else
   ROUNDS=${ROUNDS:-3} T=${SECS:-2} WARM=1 LAT_N=2000 CONN_N=150 REDIS_N=6000 MC_N=400 ECHO_B=200000 IPERF_T=3 TO=180 SIZES="64 1024 16384"
   PAIRS=${PAIRS:-7}
-  # The pairs' second redis run: long enough that the connections' setup
-  # (about the first 150 ms on RDMA, docs/PERFORMANCE.md) weighs little.
+  # The pairs' second redis run: long enough that the 10 connections'
+  # setup (the run's first 100-150 ms in the guest, docs/PERFORMANCE.md)
+  # weighs little.
   REDIS_LONG_N=${REDIS_LONG_N:-30000}
 fi
 STREAM_SIZE=65536

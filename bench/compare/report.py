@@ -335,13 +335,13 @@ def main():
         qm = statistics.median(rq)
         pair_rows.append(f"| {label} | {UNIT[kind]} | {' '.join(f(a_) for a_, _, _ in pairs)} | "
                          f"{' '.join(f(b_) for _, b_, _ in pairs)} | {' '.join(f'{q:.2f}' for q in rq)} | {qm:.2f} |")
+        if name is None:
+            continue  # (a diagnostic: no target to judge)
         n_meet = sum(1 for q in rq if meets(q, op, limit))
         lo, hi = min(rq), max(rq)
         verdict = "met" if meets(qm, op, limit) else "MISSED"
         if len(rq) >= 2 and lo <= limit <= hi:
             verdict += " (within the spread: not decided by these pairs)"
-        if name is None:
-            continue
         pair_target[name] = (f"| {name} | {f(statistics.median(b_ for _, b_, _ in pairs))} vs "
                              f"{f(statistics.median(a_ for a_, _, _ in pairs))} ({len(rq)} back-to-back pairs) | "
                              f"{qm:.2f} | {lo:.2f}-{hi:.2f}, {n_meet} of {len(rq)} pairs meet it | {verdict} |")

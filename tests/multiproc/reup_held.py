@@ -102,7 +102,8 @@ if STALE and "RSOCK_TEST_LOG_DIR" not in os.environ:
 def server_log():
     # (--stale) every line of this process's and its child's librsock log.
     for f in glob.glob(os.path.join(os.environ["RSOCK_TEST_LOG_DIR"], "*")):
-        yield from open(f, errors="replace")
+        with open(f, errors="replace") as fh:
+            yield from fh
 
 
 skip_unless_rdma(ADDR)
