@@ -54,6 +54,9 @@ rc=${PIPESTATUS[0]}
 # rewrites Testing/Temporary/LastTest.log (the digest at the end once read
 # that empty log and said nothing about a failed test).
 cp "$W/Testing/Temporary/LastTest.log" "$W/run.log" 2>/dev/null
+# And a copy in the build tree (the host's, through 9p), where tools/test-all
+# reads each test's time: the outer ctest shows this output only on failure.
+cp "$LOG" "$BUILD/vm-suite.ctest.log" 2>/dev/null
 # Belt and braces: a pass needs ctest's own all-passed summary line too.
 grep -q '^100% tests passed' "$LOG" || { [ $rc = 0 ] && rc=1; }
 
