@@ -1686,6 +1686,12 @@ bool Stream::advance_locked(bool full) {
     if (!(debug_revert_at_switch() && client_ && !rdma_dead_ &&
           out_marker_off_ == sizeof out_marker_ && !conn_->eof()))
       drain_tcp();
+    // The server writes its marker once the client's is verified: a step
+    // that just verified it writes ours at once, not at the next step. That
+    // came 4-9 ms later in the TCG guest under a redis benchmark's load
+    // (the progress thread busy with other connections' setup), and the
+    // client's writes were held meanwhile.
+    if (phase() == Phase::kSwitching && !rdma_dead_ && !client_ && verified_) write_marker();
     if (maybe_join_revert()) return true;
     if (phase() == Phase::kSwitching && rdma_dead_ && !verified_ && !tcp_eof_ &&
         out_marker_off_ == sizeof out_marker_ && now_ns() > deadline_ns_) {
@@ -1893,8 +1899,12 @@ void Stream::handle_controls(bool cq_drained) {
       // read can pass the limit, so the peer may send its marker.
       offer_rcvd_ = true;
       ready_queued_ = true;
+      LOG_DEBUG("fd %d: switch: the peer's offer (%llu) in, %llu us after the socket's start",
+                tcp_fd_, (unsigned long long)rx_limit_, us_since_start());
     } else if (m->type == uint8_t(wire::Control::kReady) && m->len == 0 && offer_sent_) {
       ready_rcvd_ = true;
+      LOG_DEBUG("fd %d: switch: the peer is ready, %llu us after the socket's start", tcp_fd_,
+                us_since_start());
     } else if (m->type == uint8_t(wire::Control::kReset) && m->len == 0) {
       err_ = ECONNRESET;
       set_phase(Phase::kBroken);
@@ -1920,6 +1930,9 @@ void Stream::write_marker() {
   if (!ready_rcvd_ || out_marker_off_ == sizeof out_marker_) return;
   if (!client_ && !verified_) return;
   RecordIo io = write_record(&out_marker_, sizeof out_marker_, &out_marker_off_);
+  if (io == RecordIo::kDone)
+    LOG_DEBUG("fd %d: switch: our marker written, %llu us after the socket's start", tcp_fd_,
+              us_since_start());
   // kAgain: the progress thread retries.
   if (io == RecordIo::kClosed || io == RecordIo::kBroken)
     break_connection(ECONNRESET, "cannot write the switch marker");
@@ -1978,6 +1991,8 @@ void Stream::drain_tcp() {
     return;
   }
   verified_ = true;
+  LOG_DEBUG("fd %d: switch: the peer's marker verified, %llu us after the socket's start", tcp_fd_,
+            us_since_start());
 }
 
 uint64_t Stream::rx_arrived() {
