@@ -19,9 +19,10 @@
 # other, each held open. The first one's rendezvous finds no listener (its
 # cat is not running yet) and is made once more at half the window; its cat
 # takes the port's rdma_cm listener. The later ones, opened once the first
-# has settled (past its first strike, 2 s), have their requests held there until their own cat
-# publishes a side listener, and redirected to it. Each sends hello, more bytes at once (some wait in the
-# socket across the exec), reads the banner, then 1 MiB echoed and checked.
+# has settled (past its first strike, 2 s), have their requests held there
+# until their own cat publishes a side listener, and redirected to it. Each
+# sends hello, more bytes at once (some wait in the socket across the exec),
+# reads the banner, then 1 MiB echoed and checked.
 # Every connection must reach RDMA, RC QPs in RTS owned by the cats, and at
 # least 90 % of the payload over RDMA. Then 2 connections one at a time,
 # each closed before the next: each must upgrade too (its retry).

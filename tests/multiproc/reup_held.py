@@ -155,11 +155,11 @@ pid = os.fork()
 if pid == 0:
     try:
         lst.close()
-        # (--stale: running until it made itself reachable.)
-        # Only the lines new since the last look: re-reading both processes'
+        # (--stale: running until it made itself reachable. Each look reads
+        # only the log lines new since the last: re-reading both processes'
         # whole debug logs every 10 ms made the look slow enough in the guest
-        # that the client's next attempt (0.5 s after the fork) reached the
-        # child before it stopped (1 run in about 11).
+        # that the client's next attempt, 0.5 s after the fork, reached the
+        # child before it stopped, about 1 run in 11.)
         if STALE:
             me, end, seen = "librsock[%d]" % os.getpid(), time.time() + 20, {}
             while time.time() < end and not any(
