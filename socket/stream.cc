@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,6 +63,19 @@ bool debug_break_switch() {
 bool debug_revert_at_switch() {
   static const bool on = [] {
     const char* e = getenv("RSOCK_DEBUG_REVERT_AT_SWITCH");
+    return e != nullptr && e[0] == '1';
+  }();
+  return on;
+}
+
+// RSOCK_DEBUG_EXIT_AT_READY=1 (tests only): a client process ends (exit_group)
+// the moment a switch of its gets the server's READY, before its marker: as
+// a client that exits right after its reply while its rendezvous runs
+// (redis-cli), which the server sees as both paths ending at the client's
+// offer (multiproc.exit_mid_switch).
+bool debug_exit_at_ready() {
+  static const bool on = [] {
+    const char* e = getenv("RSOCK_DEBUG_EXIT_AT_READY");
     return e != nullptr && e[0] == '1';
   }();
   return on;
@@ -1815,16 +1829,20 @@ void Stream::rdma_failed_during_switch() {
 // the client, never gets a marker from us. Whatever we already drained or
 // took for the peer's marker is application data: it goes to staging.
 // Used when a forged request won the rendezvous (the marker does not match,
-// the OFFER is behind, an unexpected message) and when the switch times out.
+// the OFFER is behind, an unexpected message), when the switch times out or
+// its path fails, and (peer_closed: no warning, no handshake error) when
+// the peer left in the middle of it.
 void Stream::revert_to_tcp(stats::FallbackReason reason, const char* why) {
-  LOG_WARN("fd %d: RDMA upgrade abandoned (%s); staying on TCP", tcp_fd_, why);
+  const bool peer_left = reason == stats::FallbackReason::kPeerClosed;
+  if (peer_left) LOG_DEBUG("fd %d: RDMA upgrade abandoned (%s); staying on TCP", tcp_fd_, why);
+  else LOG_WARN("fd %d: RDMA upgrade abandoned (%s); staying on TCP", tcp_fd_, why);
   auto* b = reinterpret_cast<const std::byte*>(&in_marker_);
   staging_.insert(staging_.end(), b, b + in_marker_got_);
   in_marker_got_ = 0;
   offer_rcvd_ = offer_sent_ = ready_rcvd_ = verified_ = ready_sent_ = false;
   offer_queued_ = ready_queued_ = false;
   conn_.reset();
-  stats::count_handshake_error();
+  if (!peer_left) stats::count_handshake_error();
   note_fallback(reason);
   (void)flush_held();  // our direction is on TCP again: what was held goes first
   deferred_fin();
@@ -1905,6 +1923,9 @@ void Stream::handle_controls(bool cq_drained) {
       ready_rcvd_ = true;
       LOG_DEBUG("fd %d: switch: the peer is ready, %llu us after the socket's start", tcp_fd_,
                 us_since_start());
+      // (The syscall itself: _exit would be our own hook, which parks the
+      // progress thread, maybe this very thread.)
+      if (client_ && debug_exit_at_ready()) syscall(SYS_exit_group, 0);
     } else if (m->type == uint8_t(wire::Control::kReset) && m->len == 0) {
       err_ = ECONNRESET;
       set_phase(Phase::kBroken);
@@ -1966,9 +1987,12 @@ void Stream::drain_tcp() {
       tcp_eof_ = true;
       // With our RDMA connection dead and our direction on TCP already, the
       // switch is over: TCP from here on (the kernel keeps reading EOF), not
-      // a stream left switching on a dead connection until its close.
+      // a stream left switching on a dead connection until its close. Both
+      // paths ended together: the peer went away (a client that exits right
+      // after its reply, as redis-cli does, while its rendezvous runs), not
+      // a failed path, and nothing a log warning should report.
       if (rdma_dead_ && out_marker_off_ == 0)
-        revert_to_tcp(stats::FallbackReason::kPathFailed, "the RDMA connection failed during the switch");
+        revert_to_tcp(stats::FallbackReason::kPeerClosed, "the peer closed during the switch");
       return;
     case RecordIo::kBroken:
       break_connection(ECONNRESET, "peer closed TCP inside its switch marker");
