@@ -18,7 +18,7 @@
 # ordinary user, for its closing redis-cli.
 import os, socket, subprocess, sys, time
 
-from rdma_env import fallback_of, recv_exactly, skip_unless_rdma, transport_of
+from rdma_env import fallback_of, listening, recv_exactly, skip_unless_rdma, transport_of
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 REQ, REP = b"*1\r\n$6\r\nDBSIZE\r\n", b":1\r\n"
@@ -42,11 +42,7 @@ if not log or not os.path.exists(log):
 
 ROUNDS = 3
 fails = 0
-lst = socket.socket()
-lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-lst.bind((ADDR, 0))
-lst.listen()
-port = lst.getsockname()[1]
+lst, port = listening(ADDR)
 cenv = dict(os.environ, RSOCK_DEBUG_EXIT_AT_READY="1", RSOCK_UPGRADE_DELAY_MS="0")
 cenv.pop("RSOCK_LOG_FILE", None)  # (the client's goes to its stderr)
 for r in range(ROUNDS):

@@ -120,6 +120,15 @@ def echo_to_eof(c):
             c.sendall(b)
 
 
+def listening(addr):
+    # A listening TCP socket on addr at a port the kernel picks, and the port.
+    lst = socket.socket()
+    lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lst.bind((addr, 0))
+    lst.listen()
+    return lst, lst.getsockname()[1]
+
+
 def skip_unless_rdma(addr):
     if not os.path.isdir("/sys/class/infiniband") or not os.listdir("/sys/class/infiniband"):
         print("SKIP: no RDMA device")

@@ -32,8 +32,8 @@
 # for good, and the connection must end on RDMA.
 import glob, os, signal, socket, subprocess, sys, tempfile, threading, time
 
-from rdma_env import (bytes_of, echo_to_eof, fallback_of, recv_exactly, skip_unless_rdma,
-                      transport_of)
+from rdma_env import (bytes_of, echo_to_eof, fallback_of, listening, recv_exactly,
+                      skip_unless_rdma, transport_of)
 
 ADDR = sys.argv[1] if len(sys.argv) > 1 else "10.77.0.1"
 CLIENT = "--client" in sys.argv[2:]
@@ -122,11 +122,7 @@ skip_unless_rdma(ADDR)
 if "librsock" not in os.environ.get("LD_PRELOAD", ""):
     print("SKIP: needs LD_PRELOAD=librsock.so (ctest sets it)")
     sys.exit(77)
-lst = socket.socket()
-lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-lst.bind((ADDR, 0))
-lst.listen()
-port = lst.getsockname()[1]
+lst, port = listening(ADDR)
 cenv = dict(os.environ, RSOCK_UPGRADE_TIMEOUT_MS="10000", RSOCK_LOG_LEVEL="debug")
 cenv.pop("RSOCK_LOG_FILE", None)  # (the client's log is read from its stderr)
 cli = subprocess.Popen([sys.executable, __file__, ADDR, "--client", str(port)], env=cenv,
