@@ -45,13 +45,16 @@ namespace {
 // or accept, which a kernel socket takes at once.
 constexpr size_t kMaxHeldBytes = 64 * 1024;
 
+// A test knob: on when the variable is "1" (read once, by its caller).
+bool knob(const char* name) {
+  const char* e = getenv(name);
+  return e != nullptr && e[0] == '1';
+}
+
 // RSOCK_DEBUG_BREAK_SWITCH=1 (tests only): every switch's RDMA connection
 // fails right after this end sent READY, before any marker.
 bool debug_break_switch() {
-  static const bool on = [] {
-    const char* e = getenv("RSOCK_DEBUG_BREAK_SWITCH");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool on = knob("RSOCK_DEBUG_BREAK_SWITCH");
   return on;
 }
 
@@ -61,10 +64,7 @@ bool debug_break_switch() {
 // server's record always meets a client still switching
 // (upgrade.switch.i_peer_reverts_at_switch; Stream::maybe_join_revert).
 bool debug_revert_at_switch() {
-  static const bool on = [] {
-    const char* e = getenv("RSOCK_DEBUG_REVERT_AT_SWITCH");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool on = knob("RSOCK_DEBUG_REVERT_AT_SWITCH");
   return on;
 }
 
@@ -74,10 +74,7 @@ bool debug_revert_at_switch() {
 // (redis-cli), which the server sees as both paths ending at the client's
 // offer (multiproc.exit_mid_switch).
 bool debug_exit_at_ready() {
-  static const bool on = [] {
-    const char* e = getenv("RSOCK_DEBUG_EXIT_AT_READY");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool on = knob("RSOCK_DEBUG_EXIT_AT_READY");
   return on;
 }
 
@@ -1694,18 +1691,19 @@ bool Stream::advance_locked(bool full) {
     return true;
   }
   if (phase() == Phase::kSwitching) {
-    if (!rdma_dead_) write_marker();
     // (The test's client waits only for a QP that died: one the server
     // closed after its FIN on RDMA is met on RDMA, peer_left_open below.)
     if (!(debug_revert_at_switch() && client_ && !rdma_dead_ &&
           out_marker_off_ == sizeof out_marker_ && !conn_->eof()))
       drain_tcp();
-    // The server writes its marker once the client's is verified: a step
-    // that just verified it writes ours at once, not at the next step. That
-    // came 4-9 ms later in the TCG guest under a redis benchmark's load
-    // (the progress thread busy with other connections' setup), and the
-    // client's writes were held meanwhile.
-    if (phase() == Phase::kSwitching && !rdma_dead_ && !client_ && verified_) write_marker();
+    // The peer's marker first, then ours: the server writes its marker only
+    // once the client's is verified, so the step that verifies it writes
+    // ours at once. (Written first, it waited for the next step: 4-9 ms in
+    // the TCG guest under a redis benchmark's load, with the progress
+    // thread busy setting up other connections and the client's writes
+    // held meanwhile. A client's marker never depends on the drain: the
+    // server's comes only after it.)
+    if (phase() == Phase::kSwitching && !rdma_dead_) write_marker();
     if (maybe_join_revert()) return true;
     if (phase() == Phase::kSwitching && rdma_dead_ && !verified_ && !tcp_eof_ &&
         out_marker_off_ == sizeof out_marker_ && now_ns() > deadline_ns_) {
