@@ -531,10 +531,46 @@ void accept_matched(Accepting& a) {
   st->accepting.store(false, std::memory_order_release);
 }
 
+void drive(Stream* st, uint64_t now);
+
+bool switch_running(const Stream& st) {
+  const Phase p = st.phase();
+  return p == Phase::kSwitching || p == Phase::kReverting;
+}
+
+// The turn's switches go first, and again between its long steps. A
+// switch's step is short (a look at the CQ, a TCP drain, a marker) and the
+// application's writes wait in the held buffer until the switch is done,
+// while an accept or a pending stream's step (rings, QP, rdma_connect) took
+// 8-36 ms each on rxe under a redis-benchmark burst: a switch waited for
+// whole turns of them, 117 ms in one (docs/PERFORMANCE.md). Again after each
+// long step means once the coarse clock moved (a 1-4 ms tick; it costs no
+// syscall), so a turn of many quick steps does not drive its switches
+// n times.
+class SwitchesFirst {
+ public:
+  explicit SwitchesFirst(uint64_t now) : now_(now) {}
+  void pass() {
+    for (Stream& st : g_turn)
+      if (switch_running(st)) drive(&st, now_);
+    tick_ = coarse_now_ns();
+  }
+  void between() {
+    if (coarse_now_ns() != tick_) pass();
+  }
+
+ private:
+  uint64_t now_;
+  uint64_t tick_ = 0;
+};
+
 // After the locked part of a turn: the accepts try_match deferred. (The
 // list is this thread's alone: no lock.)
-void finish_accepts() {
-  for (auto& a : g_accepting) accept_matched(a);
+void finish_accepts(SwitchesFirst& switches) {
+  for (auto& a : g_accepting) {
+    accept_matched(a);
+    switches.between();
+  }
   g_accepting.clear();
 }
 
@@ -1259,8 +1295,16 @@ void* thread_main(void*) {
     // again: only this thread deletes streams, a listener dropped meanwhile
     // is destroyed at the next turn (Registry::dropped), and fork, exec and
     // exit wait for g_loop_mu, which it holds (ParkedProgress).
-    finish_accepts();
-    for (Stream& st : g_turn) drive(&st, now);
+    SwitchesFirst switches(now);
+    switches.pass();
+    finish_accepts(switches);
+    // (A stream whose switch ended in the first pass is driven once more
+    // here: a step with nothing to do.)
+    for (Stream& st : g_turn) {
+      if (switch_running(st)) continue;
+      drive(&st, now);
+      switches.between();
+    }
     {
       std::lock_guard lk(g_mu);
       while (!g_turn.empty()) {
