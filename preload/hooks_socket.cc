@@ -1,5 +1,7 @@
 // Hooks: socket lifecycle, addresses and options. Everything runs on the real
 // kernel socket (TCP first); these hooks only keep the fd table in step.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <cstring>
@@ -258,6 +260,21 @@ RSOCK_HOOK int shutdown(int fd, int how) noexcept {
   return h.pass(real().shutdown(fd, how));
 }
 
+// TCP_NODELAY of a socket with a stream, set or read while no switch
+// record's push toggles it (Stream::push_tcp).
+namespace {
+template <class Call>
+int nodelay_call(HookScope& h, int fd, Call call) {
+  auto s = h.tracked(fd);
+  auto* st = s ? s->stream() : nullptr;
+  if (st == nullptr) return h.pass(call());
+  st->lock_nodelay();
+  int r = call();
+  st->unlock_nodelay();
+  return h.pass(r);
+}
+}  // namespace
+
 RSOCK_HOOK int setsockopt(int fd, int level, int opt, const void* val, socklen_t len) noexcept {
   HookScope h;
   if (level == SOL_RSOCK && (opt == RSOCK_REVERT || opt == RSOCK_DEBUG_FAIL_PATH)) {
@@ -270,6 +287,9 @@ RSOCK_HOOK int setsockopt(int fd, int level, int opt, const void* val, socklen_t
       return h.finish(rsock::Status<void>{});
     }
   }
+  if (level == IPPROTO_TCP && opt == TCP_NODELAY) return nodelay_call(h, fd, [&] {
+    return real().setsockopt(fd, level, opt, val, len);
+  });
   // Not known from now on (before the kernel call: an accept() meanwhile
   // must not take the listener's timeouts as none).
   const bool timeo = level == SOL_SOCKET && rsock::preload::is_timeout_opt(opt);
@@ -304,6 +324,9 @@ RSOCK_HOOK int getsockopt(int fd, int level, int opt, void* val, socklen_t* len)
       }
     }
   }
+  if (level == IPPROTO_TCP && opt == TCP_NODELAY) return nodelay_call(h, fd, [&] {
+    return real().getsockopt(fd, level, opt, val, len);
+  });
   return h.pass(real().getsockopt(fd, level, opt, val, len));
 }
 

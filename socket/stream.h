@@ -32,6 +32,7 @@
 #include "socket/signals.h"
 #include "socket/upgrade_wire.h"
 #include "transport/connection.h"
+#include "util/spin_lock.h"
 #include "util/stats_layout.h"
 #include "util/status.h"
 
@@ -142,6 +143,11 @@ class Stream {
     rcvtimeo_ms_.store(kTimeoutUnknown, std::memory_order_relaxed);
     sndtimeo_ms_.store(kTimeoutUnknown, std::memory_order_relaxed);
   }
+  // Held around the application's TCP_NODELAY calls (the setsockopt and
+  // getsockopt hooks), so that push_tcp's toggle of it never undoes nor
+  // shows through what the application set. A leaf; no allocation.
+  void lock_nodelay() { spin_lock(nodelay_lock_); }
+  void unlock_nodelay() { spin_unlock(nodelay_lock_); }
 
   // A buffer for calls that must copy through the stream (sendfile, splice):
   // hooks keep their stack frames small and do not call malloc, so it is
@@ -504,6 +510,7 @@ class Stream {
   enum class RecordIo : uint8_t { kDone, kAgain, kClosed, kBroken };
   RecordIo read_record(void* rec, size_t size, size_t* done);
   RecordIo write_record(const void* rec, size_t size, size_t* done);
+  void push_tcp();
   // `may_return`: the stream may upgrade again once back on TCP (a failed
   // path, or a peer that switched back); not after the application asked,
   // a hand-off to another process, a lossy path, io_uring or exit.
@@ -602,6 +609,7 @@ class Stream {
   }
 
   std::mutex mu_;
+  std::atomic<bool> nodelay_lock_{false};  // lock_nodelay(); inside mu_ when both
   std::mutex scratch_mu_;         // held by a Scratch; never together with mu_ taken first
   std::byte* scratch_ = nullptr;  // kScratchSize bytes, mmap'd by the first Scratch
   std::atomic<Phase> phase_{Phase::kPending};

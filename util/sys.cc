@@ -1,5 +1,7 @@
 #include "util/sys.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/ioctl.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -29,5 +31,16 @@ Libc libc = {
 #undef RSOCK_XV
 };
 #pragma GCC diagnostic pop
+
+void push_unsent(int tcp_fd) {
+  int was = 0;
+  socklen_t len = sizeof was;
+  if (libc.getsockopt(tcp_fd, IPPROTO_TCP, TCP_NODELAY, &was, &len) != 0) return;
+  // Set even when it is on already: that push also sends what TCP_CORK holds.
+  int v = 1;
+  if (libc.setsockopt(tcp_fd, IPPROTO_TCP, TCP_NODELAY, &v, sizeof v) != 0 || was != 0) return;
+  v = 0;
+  (void)libc.setsockopt(tcp_fd, IPPROTO_TCP, TCP_NODELAY, &v, sizeof v);
+}
 
 }  // namespace rsock::sys

@@ -36,4 +36,12 @@ inline Status<T> check(T r) {
   return r;
 }
 
+// Sends what a TCP socket's kernel queue holds back now (Nagle, TCP_CORK)
+// and leaves its TCP_NODELAY as it was: setting TCP_NODELAY pushes (there
+// is no flag for one send), so it is set, and cleared again if it was off.
+// The caller keeps the application's own TCP_NODELAY calls out meanwhile
+// (Stream::push_tcp). Errors are ignored: the bytes then go as the kernel
+// would have sent them anyway.
+void push_unsent(int tcp_fd);
+
 }  // namespace rsock::sys

@@ -305,6 +305,35 @@ TEST_CASE("options: TCP_NODELAY get/set and other common options") {
   for (int i = 0; i < 100; ++i) CHECK(got[i] == i);
 }
 
+// librsock pushes each switch record out by setting TCP_NODELAY for a
+// moment (util/sys.h push_unsent): what the program set before the switch
+// must read back the same after it, and corked bytes still arrive whole.
+TEST_CASE("options: TCP_NODELAY and TCP_CORK set before the switch read back unchanged") {
+  Pair p = connected_pair(AF_INET, /*await_upgrade=*/false);
+  int one = 1, v = -1;
+  socklen_t len = sizeof v;
+  REQUIRE(setsockopt(p.client, IPPROTO_TCP, TCP_CORK, &one, sizeof one) == 0);
+  REQUIRE(setsockopt(p.server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0);
+  if (expect_rdma()) await_rdma(p);
+  REQUIRE(getsockopt(p.client, IPPROTO_TCP, TCP_NODELAY, &v, &len) == 0);
+  CHECK(v == 0);
+  REQUIRE(getsockopt(p.client, IPPROTO_TCP, TCP_CORK, &v, &len) == 0);
+  CHECK(v != 0);
+  REQUIRE(getsockopt(p.server, IPPROTO_TCP, TCP_NODELAY, &v, &len) == 0);
+  CHECK(v != 0);
+  REQUIRE(getsockopt(p.server, IPPROTO_TCP, TCP_CORK, &v, &len) == 0);
+  CHECK(v == 0);
+  for (int i = 0; i < 100; ++i) REQUIRE(write(p.client, &i, sizeof i) == sizeof i);
+  int zero = 0;
+  REQUIRE(setsockopt(p.client, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero) == 0);
+  int got[100];
+  REQUIRE(read_exact(p.server, got, sizeof got) == sizeof got);
+  for (int i = 0; i < 100; ++i) CHECK(got[i] == i);
+  REQUIRE(write(p.server, got, sizeof got) == sizeof got);
+  REQUIRE(read_exact(p.client, got, sizeof got) == sizeof got);
+  CHECK(got[99] == 99);
+}
+
 TEST_CASE("fcntl: O_NONBLOCK and FD_CLOEXEC") {
   Pair p = connected_pair();
   int fl = fcntl(p.server, F_GETFL);
