@@ -2001,12 +2001,22 @@ void Stream::drain_tcp() {
       tcp_eof_ = true;
       // With our RDMA connection dead and our direction on TCP already, the
       // switch is over: TCP from here on (the kernel keeps reading EOF), not
-      // a stream left switching on a dead connection until its close. Both
-      // paths ended together: the peer went away (a client that exits right
-      // after its reply, as redis-cli does, while its rendezvous runs), not
-      // a failed path, and nothing a log warning should report.
-      if (rdma_dead_ && out_marker_off_ == 0)
-        revert_to_tcp(stats::FallbackReason::kPeerClosed, "the peer closed during the switch");
+      // a stream left switching on a dead connection until its close. When
+      // the peer's rdma_cm ended the RDMA connection, both paths ended
+      // together: the peer went away (a client that exits right after its
+      // reply, as redis-cli does, while its rendezvous runs), not a failed
+      // path, and nothing a log warning should report. A connection that
+      // failed here with no word from the peer, while the peer shut its
+      // direction down right at its offer after its last byte, is a failed
+      // path still (upgrade.switch.h_rdma_fails_mid_switch, whose server
+      // ends its 4 MiB that way: path_failed, not peer_closed).
+      if (rdma_dead_ && out_marker_off_ == 0) {
+        if (conn_ && conn_->peer_disconnected())
+          revert_to_tcp(stats::FallbackReason::kPeerClosed, "the peer closed during the switch");
+        else
+          revert_to_tcp(stats::FallbackReason::kPathFailed,
+                        "the RDMA connection failed during the switch");
+      }
       return;
     case RecordIo::kBroken:
       break_connection(ECONNRESET, "peer closed TCP inside its switch marker");

@@ -246,6 +246,10 @@ class Connection {
   // this connection without closing its socket (a reverse switch after
   // shutdown(SHUT_WR)), so our direction may go on elsewhere.
   bool peer_left_open() const { return disconnected_ && fin_received_ && !close_received_; }
+  // The peer's rdma_cm ended the connection (a DISCONNECTED: its process
+  // closed or exited, or it disconnected), as opposed to a failure found here
+  // (our QP's error, a timeout) with no word from the peer.
+  bool peer_disconnected() const { return disconnected_; }
   // Both directions are over: our FIN went and the peer consumed every byte
   // we sent (its last report), and we read everything up to its FIN. A QP
   // that fails now loses nothing (the peer closing its process last, say).
