@@ -268,9 +268,9 @@ int nodelay_call(HookScope& h, int fd, Call call) {
   auto s = h.tracked(fd);
   auto* st = s ? s->stream() : nullptr;
   if (st == nullptr) return h.pass(call());
-  st->lock_nodelay();
+  const bool taken = st->lock_nodelay();
   int r = call();
-  st->unlock_nodelay();
+  st->unlock_nodelay(taken);
   return h.pass(r);
 }
 }  // namespace

@@ -656,9 +656,9 @@ Stream::RecordIo Stream::write_record(const void* rec, size_t size, size_t* done
 // burst. Setting TCP_NODELAY sends what the kernel holds (there is no flag
 // for one send); clearing it again keeps the application's setting.
 void Stream::push_tcp() {
-  lock_nodelay();
+  const bool taken = lock_nodelay();
   sys::push_unsent(tcp_fd_);
-  unlock_nodelay();
+  unlock_nodelay(taken);
 }
 
 bool Stream::revert_locked(RevertMode mode, stats::FallbackReason why, bool report,

@@ -146,8 +146,15 @@ class Stream {
   // Held around the application's TCP_NODELAY calls (the setsockopt and
   // getsockopt hooks), so that push_tcp's toggle of it never undoes nor
   // shows through what the application set. A leaf; no allocation.
-  void lock_nodelay() { spin_lock(nodelay_lock_); }
-  void unlock_nodelay() { spin_unlock(nodelay_lock_); }
+  // Bounded: a holder keeps it for two or three syscalls, so one that stays
+  // taken was inherited by a fork child from a parent's thread that held it
+  // at the fork; going on without it risks only that momentary toggle
+  // showing, never a hang. Returns whether it was taken (for unlock_nodelay).
+  bool lock_nodelay() { return spin_lock_for(nodelay_lock_, kNodelayTurns); }
+  void unlock_nodelay(bool taken) {
+    if (taken) spin_unlock(nodelay_lock_);
+  }
+  static constexpr uint32_t kNodelayTurns = 4096;
 
   // A buffer for calls that must copy through the stream (sendfile, splice):
   // hooks keep their stack frames small and do not call malloc, so it is

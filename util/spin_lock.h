@@ -39,6 +39,21 @@ inline void spin_lock(std::atomic<bool>& flag) {
   }
 }
 
+// spin_lock that gives up after `turns` turns (yielding as spin_lock does):
+// false if it did not take the lock. For a lock whose holder keeps it for
+// a syscall or two and which a fork child may inherit taken (its holder,
+// another thread of the parent, is not in the child), where going on
+// without it costs less than waiting for ever.
+inline bool spin_lock_for(std::atomic<bool>& flag, uint32_t turns) {
+  constexpr uint32_t kYieldTurns = 128;
+  for (uint32_t t = 0; flag.exchange(true, std::memory_order_acquire); t++) {
+    if (t >= turns) return false;
+    if ((t + 1) % kYieldTurns == 0) sched_yield();
+    else cpu_relax();
+  }
+  return true;
+}
+
 inline void spin_unlock(std::atomic<bool>& flag) { flag.store(false, std::memory_order_release); }
 
 }  // namespace rsock
