@@ -1211,8 +1211,7 @@ bool settle(Stream* st, uint64_t now) {
   // a request, which activates it).
   const bool waits = p == Phase::kPending && !st->waits_to_reupgrade();
   const uint64_t idle_due = waits ? st->idle_due_ns(now) : 0;
-  const bool ticks =
-      (waits && idle_due == 0) || p == Phase::kSwitching || p == Phase::kReverting;
+  const bool ticks = (waits && idle_due == 0) || switch_running(*st);
   if (!ticks && (st->start_at_ns() == 0 || idle_due != 0) && !st->claim_requested())
     park(st, p, now, idle_due);
   else

@@ -2011,11 +2011,11 @@ void Stream::drain_tcp() {
       // path still (upgrade.switch.h_rdma_fails_mid_switch, whose server
       // ends its 4 MiB that way: path_failed, not peer_closed).
       if (rdma_dead_ && out_marker_off_ == 0) {
-        if (conn_ && conn_->peer_disconnected())
-          revert_to_tcp(stats::FallbackReason::kPeerClosed, "the peer closed during the switch");
-        else
-          revert_to_tcp(stats::FallbackReason::kPathFailed,
-                        "the RDMA connection failed during the switch");
+        const bool left = conn_ && conn_->peer_disconnected();
+        using stats::FallbackReason;
+        revert_to_tcp(left ? FallbackReason::kPeerClosed : FallbackReason::kPathFailed,
+                      left ? "the peer closed during the switch"
+                           : "the RDMA connection failed during the switch");
       }
       return;
     case RecordIo::kBroken:

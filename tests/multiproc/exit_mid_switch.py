@@ -6,7 +6,7 @@
 # As redis-cli does: connect, send a request, read the reply, exit, while
 # the connection's rendezvous runs in the background. Here the exit is
 # placed exactly: the client runs with RSOCK_DEBUG_EXIT_AT_READY=1 and
-# RSOCK_UPGRADE_DELAY_MS=0, so its process ends (_exit) the moment its
+# RSOCK_UPGRADE_DELAY_MS=0, so its process ends (exit_group) the moment its
 # switch gets the server's READY, before its marker. The server has the
 # client's offer by then, and sees both paths end there: the RDMA
 # connection dies and TCP reads EOF right at the offer. It must read the
