@@ -2156,16 +2156,25 @@ void log_exit_summary() {
   // ahead while the kit was kept (kit_pool::warm); cqs: the shared CQs held
   // (transport/cq_group.h); cq_arms / cq_events: CQ arms and completion
   // events read (few while the program is busy: cq_group.h, "Arming").
+  // switches / switch_ms_*: the switches onto RDMA and how long they took
+  // (RDMA connection up to on RDMA; the application's new writes wait
+  // meanwhile): stats_layout.h, Switches.
+  const stats::Switches* sw = stats::switches();
+  const uint64_t nsw = sw ? sw->count.load() : 0;
+  const double sw_avg = nsw ? double(sw->switch_us_sum.load()) / double(nsw) / 1000 : 0.0;
+  const double sw_max = sw ? double(sw->switch_us_max.load()) / 1000 : 0.0;
   LOG_INFO("summary: connections=%llu upgraded=%llu fallbacks=%llu rdma_tx=%llu rdma_rx=%llu "
            "tcp_tx=%llu tcp_rx=%llu kits_reused=%llu qps_ahead=%llu cqs=%u cq_arms=%llu "
-           "cq_events=%llu (bytes: closed connections and live upgraded ones; fallbacks:%s)",
+           "cq_events=%llu switches=%llu switch_ms_avg=%.1f switch_ms_max=%.1f "
+           "(bytes: closed connections and live upgraded ones; fallbacks:%s)",
            (unsigned long long)pc->conns_seen.load(), (unsigned long long)pc->conns_upgraded.load(),
            (unsigned long long)fallbacks, (unsigned long long)tx[kRdma],
            (unsigned long long)rx[kRdma], (unsigned long long)tx[kTcp], (unsigned long long)rx[kTcp],
            (unsigned long long)transport::kit_pool::reused(),
            (unsigned long long)transport::kit_pool::qps_ahead(), transport::cq_group::groups(),
            (unsigned long long)transport::cq_group::arms(),
-           (unsigned long long)transport::cq_group::events(), off ? why : " none");
+           (unsigned long long)transport::cq_group::events(), (unsigned long long)nsw, sw_avg, sw_max,
+           off ? why : " none");
 }
 
 namespace {

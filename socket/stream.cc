@@ -1732,7 +1732,13 @@ bool Stream::advance_locked(bool full) {
       set_phase(Phase::kRdma);
       (void)flush_held();  // what the application wrote meanwhile goes first
       deferred_fin();
-      stats::set_upgraded(slot_, conn_->qp_num(), /*again=*/reup_ && !count_next_upgrade_);
+      const bool again = reup_ && !count_next_upgrade_;
+      // For rsock-stat: the switch's length (exact) and, the first time, how
+      // long after the socket's start (coarse, as born_ns_). Before the
+      // upgrade is counted, so that no snapshot sees an upgrade untimed.
+      stats::note_switch(slot_, (now_ns() - switch_ns_) / 1000, !again,
+                         (coarse_now_ns() - born_ns_) / 1000);
+      stats::set_upgraded(slot_, conn_->qp_num(), again);
       count_next_upgrade_ = false;
       if (reup_)
         LOG_INFO("fd %d: back on RDMA (qp %u) at stream bytes out/in %llu/%llu", tcp_fd_,
@@ -1893,7 +1899,8 @@ void Stream::log_rendezvous_timeout() const {
 
 void Stream::enter_switching() {
   set_phase(Phase::kSwitching);
-  deadline_ns_ = now_ns() + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
+  switch_ns_ = now_ns();
+  deadline_ns_ = switch_ns_ + uint64_t{process_config().tunables.upgrade_timeout_ms} * 1000000;
   stats::set_state(slot_, stats::ConnState::kUpgrading);
   // Every TCP write holds mu_, so tcp_tx_ is exactly where our TCP bytes end.
   offer_sent_ = true;

@@ -657,6 +657,7 @@ class Stream {
   uint8_t version_ = 0;  // the rendezvous version both ends speak (wire::negotiate)
   uint64_t deadline_ns_ = 0;
   uint64_t born_ns_ = 0;  // for the rendezvous timeline in debug logs
+  uint64_t switch_ns_ = 0;  // when the latest switch began (RDMA connection up), for rsock-stat
   uint64_t attempt_ns_ = 0;  // client: when its latest rendezvous started (negative cache)
   unsigned long long us_since_start() const;
   bool redirected_ = false;  // the client followed a listener's redirect

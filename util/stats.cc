@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -351,6 +352,9 @@ ProcessCounters* process() { return counters(); }
 Resources* resources() {
   return g.on.load(std::memory_order_acquire) ? &g.files[0].h->resources : nullptr;
 }
+Switches* switches() {
+  return g.on.load(std::memory_order_acquire) ? &g.files[0].h->switches : nullptr;
+}
 bool enabled() { return g.on.load(std::memory_order_relaxed); }
 
 ConnSlot* open_conn(int fd, Direction dir, const sockaddr* local, const sockaddr* peer) {
@@ -367,6 +371,8 @@ ConnSlot* open_conn(int fd, Direction dir, const sockaddr* local, const sockaddr
   s->recv_ring_fill.store(0, std::memory_order_relaxed);
   s->ring_bytes.store(0, std::memory_order_relaxed);
   s->send_credits.store(0, std::memory_order_relaxed);
+  s->upgrade_us.store(0, std::memory_order_relaxed);
+  s->switch_us.store(0, std::memory_order_relaxed);
   write_begin(s);
   SlotInfo& in = s->info;
   uint32_t gen = in.generation + 1;
@@ -450,6 +456,21 @@ void set_fallback(ConnSlot* s, FallbackReason reason, uint8_t peer_reason) {
   s->info.peer_reason = peer_reason;
   s->info.qp_num = 0;
   write_end(s);
+}
+
+void note_switch(ConnSlot* s, uint64_t switch_us, bool first, uint64_t upgrade_us) {
+  auto u32 = [](uint64_t v) { return static_cast<uint32_t>(std::min<uint64_t>(v, UINT32_MAX)); };
+  if (Switches* w = switches()) {
+    w->count.fetch_add(1, std::memory_order_relaxed);
+    w->switch_us_sum.fetch_add(switch_us, std::memory_order_relaxed);
+    for (uint64_t m = w->switch_us_max.load(std::memory_order_relaxed);
+         switch_us > m && !w->switch_us_max.compare_exchange_weak(m, switch_us, std::memory_order_relaxed);) {
+    }
+    if (first) w->upgrade_us_sum.fetch_add(upgrade_us, std::memory_order_relaxed);
+  }
+  if (s == nullptr) return;
+  s->switch_us.store(u32(switch_us), std::memory_order_relaxed);
+  if (first) s->upgrade_us.store(u32(upgrade_us), std::memory_order_relaxed);
 }
 
 void count_handshake_error() {

@@ -49,6 +49,8 @@ void after_fork_child();
 ProcessCounters* process();
 // The resource gauges (stats_layout.h Resources), or nullptr likewise.
 Resources* resources();
+// The switch timings (stats_layout.h Switches), or nullptr likewise.
+Switches* switches();
 bool enabled();
 
 // Claims a slot for a new connection (nullptr if stats are off, or if no slot
@@ -73,6 +75,11 @@ void set_upgraded(ConnSlot* slot, uint32_t qp_num, bool again = false);
 // peer_reason: with kRejected, the peer's wire::RejectReason (shown by rsock-stat).
 void set_fallback(ConnSlot* slot, FallbackReason reason, uint8_t peer_reason = 0);
 void count_handshake_error();
+// A switch onto RDMA took switch_us (RDMA connection up to on RDMA). first:
+// the connection's first upgrade, upgrade_us after its start. Into the
+// process's sums always, into the slot if there is one (microseconds,
+// clamped to 32 bits there).
+void note_switch(ConnSlot* slot, uint64_t switch_us, bool first, uint64_t upgrade_us);
 
 // Where segments live: $RSOCK_STATS_DIR or /dev/shm/librsock.
 std::string default_root_dir();

@@ -26,7 +26,8 @@ constexpr uint64_t kMagic = 0x0054534b434f5352ull;
 // 6: kLossyPath
 // 7: SegmentHeader::resources (pinned memory, kits kept for reuse)
 // 8: kSlowPath
-constexpr uint32_t kLayoutVersion = 8;
+// 9: ConnSlot::upgrade_us / switch_us, SegmentHeader::switches
+constexpr uint32_t kLayoutVersion = 9;
 constexpr uint32_t kInitialSlots = 64;
 constexpr uint32_t kMaxFiles = 20;  // main + 19 extensions, doubling: ~33M slots
 
@@ -115,6 +116,20 @@ struct Resources {
 };
 static_assert(sizeof(Resources) == 32);
 
+// How long the process's switches onto RDMA took, in the main file's header
+// (layout 9 on; relaxed atomics). A switch runs from the RDMA connection
+// being up to the stream being on RDMA (offer, ready, both markers); the
+// application's new writes wait in the stream meanwhile, so switch_us_max
+// bounds the extra latency an upgrade added to a request. Re-upgrades (a
+// connection back on RDMA after a reverse switch) count as switches too.
+struct Switches {
+  std::atomic<uint64_t> count;          // switches timed
+  std::atomic<uint64_t> switch_us_sum;
+  std::atomic<uint64_t> switch_us_max;
+  std::atomic<uint64_t> upgrade_us_sum;  // socket start to first on RDMA, over first upgrades
+};
+static_assert(sizeof(Switches) == 32);
+
 // Descriptive fields: updated together, rarely, under the slot's seqlock.
 struct SlotInfo {
   int32_t fd;
@@ -146,7 +161,13 @@ struct alignas(64) ConnSlot {
   std::atomic<uint32_t> ring_bytes;      // capacity of each ring
   std::atomic<uint32_t> send_credits;    // credits we hold to send to the peer
   uint64_t free_next;                    // writer-private free list link (not for readers)
-  uint8_t reserved[40];
+  // Timeline (layout 9), microseconds, 0 until known: upgrade_us from the
+  // socket's start (connect or accept) to its first time on RDMA, at the
+  // coarse clock's precision (a timer tick); switch_us the latest switch's
+  // length (Switches above), exact.
+  std::atomic<uint32_t> upgrade_us;
+  std::atomic<uint32_t> switch_us;
+  uint8_t reserved[32];
 
   // Data path (no locks, no syscalls).
   void add_tx(Transport t, uint64_t bytes) {
@@ -190,11 +211,13 @@ struct alignas(64) SegmentHeader {
   ProcessCounters counters;                // main file only (zero in extensions)
   char release[16];                        // the librsock release that writes it ("0.2.0"), NUL-terminated
   Resources resources;                     // main file only (layout 7 on)
-  uint8_t reserved[80];
+  Switches switches;                       // main file only (layout 9 on)
+  uint8_t reserved[48];
 };
 static_assert(offsetof(SegmentHeader, layout_version) == 8);
 static_assert(offsetof(SegmentHeader, counters) == 128);
 static_assert(offsetof(SegmentHeader, resources) == 128 + sizeof(ProcessCounters) + 16);
+static_assert(offsetof(SegmentHeader, switches) == offsetof(SegmentHeader, resources) + sizeof(Resources));
 static_assert(sizeof(SegmentHeader) % 64 == 0);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 

@@ -104,6 +104,8 @@ bool read_slot(const ConnSlot& s, ConnSnapshot* out) {
   out->recv_ring_fill = s.recv_ring_fill.load(std::memory_order_relaxed);
   out->ring_bytes = s.ring_bytes.load(std::memory_order_relaxed);
   out->send_credits = s.send_credits.load(std::memory_order_relaxed);
+  out->upgrade_us = s.upgrade_us.load(std::memory_order_relaxed);
+  out->switch_us = s.switch_us.load(std::memory_order_relaxed);
   return true;
 }
 
@@ -163,6 +165,11 @@ Status<ProcessSnapshot> read_process(const std::string& dir, int pid, std::strin
   snap.pinned_budget = res.pinned_budget.load(std::memory_order_relaxed);
   snap.kits_idle = res.kits_idle.load(std::memory_order_relaxed);
   snap.kits_reused = res.kits_reused.load(std::memory_order_relaxed);
+  const Switches& sw = h->switches;
+  snap.switches = sw.count.load(std::memory_order_relaxed);
+  snap.switch_us_sum = sw.switch_us_sum.load(std::memory_order_relaxed);
+  snap.switch_us_max = sw.switch_us_max.load(std::memory_order_relaxed);
+  snap.upgrade_us_sum = sw.upgrade_us_sum.load(std::memory_order_relaxed);
   snap.total = snap.closed;
   read_slots(h, 0, &snap);
 

@@ -32,6 +32,8 @@ struct ConnSnapshot {
   uint32_t recv_ring_fill = 0;
   uint32_t ring_bytes = 0;
   uint32_t send_credits = 0;
+  uint32_t upgrade_us = 0;  // socket start to first on RDMA (0: not yet)
+  uint32_t switch_us = 0;   // the latest switch onto RDMA (0: none yet)
 };
 
 struct ProcessSnapshot {
@@ -51,6 +53,13 @@ struct ProcessSnapshot {
   uint64_t pinned_budget = 0;  // UINT64_MAX: unlimited
   uint64_t kits_idle = 0;
   uint64_t kits_reused = 0;
+  // Switches (layout 9): switches onto RDMA timed, their total and longest
+  // length, and the first upgrades' time from socket start (conns_upgraded
+  // of them).
+  uint64_t switches = 0;
+  uint64_t switch_us_sum = 0;
+  uint64_t switch_us_max = 0;
+  uint64_t upgrade_us_sum = 0;
   TrafficTotals closed;  // connections already closed
   TrafficTotals total;   // closed + open connections
   uint32_t files = 0;    // main + extensions read

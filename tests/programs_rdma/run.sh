@@ -149,7 +149,7 @@ check() {
     [ -e "${f[0]}" ] || fail "$label: no librsock log file $LOGDIR/$1.*.log (was it preloaded?)"
     c=$("${ACCT[@]}" logs "${f[@]}") || fail "$label: no librsock exit summary in ${f[*]}"
   else
-    c=$("${ACCT[@]}" stat "$1" "$2") || fail "$label: cannot read rsock-stat snapshots $1 $2"
+    c=$("${ACCT[@]}" stat "$1" "$2") || fail "$label: rsock-stat snapshots $1 $2 unreadable, or upgrades without switch timings"
   fi
   read -r conns up fb rtx rrx ttx trx <<<"$c"
   [ -n "$trx" ] || fail "$label: no counters"

@@ -62,6 +62,9 @@ expect "rdma conn" "$J" '{"fd":108,"direction":"client","local":"127.0.0.1:40008
 expect "tcp conn" "$J" '{"fd":109,"direction":"client","local":"127.0.0.1:40009","peer":"10.0.0.10:6379","state":"established","transport":"tcp","fallback_reason":"peer_not_rsock","qp_num":0,"tx_bytes":10000,"rx_bytes":5000'
 expect "ring fill" "$J" '"send_ring_fill":576,"recv_ring_fill":288,"ring_bytes":0,"send_credits":16'
 expect "conn credit stalls" "$J" '"credit_stalls":8,"send_ring_fill":512,'
+expect "conn switch timings" "$J" '"send_credits":16,"upgrade_us":90000,"switch_us":2500,'
+expect "tcp conn no switch timings" "$J" '"send_credits":16,"upgrade_us":0,"switch_us":0,"opened_unix_ms"'
+expect "process switch timings" "$J" '"switches":{"count":6,"switch_us_sum":27500,"switch_us_max":9000,"upgrade_us_sum":250000},'
 expect "process credit stalls" "$J" '"credit_stalls":20,"segment_files"'
 n=$(echo "$J" | grep -o '"fd":' | wc -l)
 [[ $n == 10 ]] && ok "10 connections in JSON" || bad "$n connections in JSON"
@@ -71,6 +74,7 @@ CJ=$("$STAT" -p "$CHILD" --json)
 expect "child has its own segment" "$CJ" "\"pid\":$CHILD,"
 expect "child inherits connections, counters zeroed" "$CJ" '"conns_open":10,"conns_rdma":5,"conns_tcp":5,"conns_seen":0'
 expect "child traffic zero" "$CJ" '"rdma":{"tx_bytes":0,"rx_bytes":0,"tx_ops":0,"rx_ops":0}'
+expect "child switch counters zero" "$CJ" '"switches":{"count":0,"switch_us_sum":0,"switch_us_max":0,"upgrade_us_sum":0}'
 J2=$("$STAT" -p "$PID" --json)
 expect "parent unaffected by child" "$J2" '"rdma":{"tx_bytes":25000,'
 
@@ -89,6 +93,11 @@ expect "-p text resources" "$P" "rdma resources: 3.0M pinned of 6.0M, 3 kits kep
 st=$(echo "$P" | awk '$1 == "FD" { col = 0; for (i = 1; i <= NF; i++) if ($i == "STALLS") col = i }
                       $1 == "108" && col { print $col }')
 [[ $st == 8 ]] && ok "-p text STALLS column" || { bad "-p text STALLS column: [$st]"; echo "$P"; }
+expect "-p text switches" "$P" "switches onto rdma: 6, 4.6 ms on average, 9.0 ms the longest; on rdma 50.0 ms after the socket's start on average"
+# UP_MS and SWITCH_MS columns: fd 108 on RDMA 90 ms after its start, its latest switch 2.5 ms; fd 109 never.
+tm=$(echo "$P" | awk '$1 == "FD" { u = 0; w = 0; for (i = 1; i <= NF; i++) { if ($i == "UP_MS") u = i; if ($i == "SWITCH_MS") w = i } }
+                      ($1 == "108" || $1 == "109") && u && w { printf "%s %s/%s ", $1, $u, $w }')
+[[ $tm == "108 90.0/2.5 109 -/- " ]] && ok "-p text UP_MS and SWITCH_MS columns" || { bad "-p text timing columns: [$tm]"; echo "$P"; }
 N=$("$STAT" -n)
 n=$(echo "$N" | grep -c " $PID/stats_fake_app:")
 [[ $n == 10 ]] && ok "netstat shows 10 conns of $PID" || { bad "netstat shows $n conns of $PID"; echo "$N"; }
@@ -116,6 +125,8 @@ for want in "rsock_connections_seen_total{$L} 11" "rsock_connections_upgraded_to
             "rsock_fallbacks_total{$L,reason=\"policy\"} 0" \
             "rsock_handshake_errors_total{$L} 0" "rsock_credit_stalls_total{$L} 20" \
             "rsock_pinned_bytes{$L} 3145728" "rsock_kits_idle{$L} 3" "rsock_kits_reused_total{$L} 7" \
+            "rsock_switches_total{$L} 6" "rsock_switch_microseconds_total{$L} 27500" \
+            "rsock_switch_microseconds_max{$L} 9000" "rsock_upgrade_microseconds_total{$L} 250000" \
             "rsock_tx_bytes_total{$L,transport=\"rdma\"} 25000" "rsock_rx_bytes_total{$L,transport=\"rdma\"} 12500" \
             "rsock_tx_ops_total{$L,transport=\"rdma\"} 25" "rsock_rx_ops_total{$L,transport=\"rdma\"} 25" \
             "rsock_tx_bytes_total{$L,transport=\"tcp\"} 30007" "rsock_rx_bytes_total{$L,transport=\"tcp\"} 15000" \

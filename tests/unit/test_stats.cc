@@ -144,6 +144,56 @@ TEST_CASE("stats: write then read a snapshot") {
   close_conn(c);
 }
 
+TEST_CASE("stats: switch timings per connection and per process") {
+  StatsDir d;
+  ConnSlot* a = open_test_conn(7);
+  ConnSlot* b = open_test_conn(8);
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  set_upgraded(a, 1);
+  note_switch(a, 4000, true, 30000);
+  set_upgraded(b, 2);
+  note_switch(b, 9000, true, 50000);
+  // b back on RDMA after a reverse switch: its latest switch, not a new upgrade.
+  set_upgraded(b, 3, /*again=*/true);
+  note_switch(b, 2000, false, 0);
+  note_switch(nullptr, 500, false, 0);  // a connection without a slot still counts
+  // Longer than a slot's 32 bits of microseconds: clamped there, exact in the sums.
+  note_switch(nullptr, uint64_t{5} << 32, false, 0);
+
+  ProcessSnapshot s = d.read();
+  CHECK(s.switches == 5);
+  CHECK(s.switch_us_sum == 4000 + 9000 + 2000 + 500 + (uint64_t{5} << 32));
+  CHECK(s.switch_us_max == uint64_t{5} << 32);
+  CHECK(s.upgrade_us_sum == 80000);
+  CHECK(s.conns_upgraded == 2);
+  for (const auto& c : s.conns) {
+    if (c.info.fd == 7) {
+      CHECK(c.upgrade_us == 30000);
+      CHECK(c.switch_us == 4000);
+    } else {
+      CHECK(c.upgrade_us == 50000);
+      CHECK(c.switch_us == 2000);
+    }
+  }
+  note_switch(a, uint64_t{1} << 40, false, 0);
+  s = d.read();
+  for (const auto& c : s.conns)
+    if (c.info.fd == 7) CHECK(c.switch_us == UINT32_MAX);
+  // A reused slot starts with no timings.
+  close_conn(a);
+  ConnSlot* c = open_test_conn(9);
+  CHECK(c == a);
+  s = d.read();
+  for (const auto& conn : s.conns)
+    if (conn.info.fd == 9) {
+      CHECK(conn.upgrade_us == 0);
+      CHECK(conn.switch_us == 0);
+    }
+  close_conn(b);
+  close_conn(c);
+}
+
 TEST_CASE("stats: growth beyond the initial slots chains extension files") {
   StatsDir d(2);
   std::vector<ConnSlot*> slots;

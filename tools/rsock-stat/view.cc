@@ -92,6 +92,14 @@ std::string jdbl(double v) {
   return buf;
 }
 
+// Microseconds as milliseconds for the connection table; "-" while unknown.
+std::string ms_cell(uint32_t us) {
+  if (us == 0) return "-";
+  char b[32];
+  snprintf(b, sizeof b, "%.1f", double(us) / 1000);
+  return b;
+}
+
 std::string json_traffic(const TrafficTotals& t, int i) {
   return "{\"tx_bytes\":" + jnum(t.tx_bytes[i]) + ",\"rx_bytes\":" + jnum(t.rx_bytes[i]) +
          ",\"tx_ops\":" + jnum(t.tx_ops[i]) + ",\"rx_ops\":" + jnum(t.rx_ops[i]) + "}";
@@ -109,6 +117,7 @@ std::string json_conn(const ProcessSnapshot& p, const ConnSnapshot& c, const Rat
        ",\"credit_stalls\":" + jnum(c.traffic.credit_stalls) +
        ",\"send_ring_fill\":" + jnum(c.send_ring_fill) + ",\"recv_ring_fill\":" + jnum(c.recv_ring_fill) +
        ",\"ring_bytes\":" + jnum(c.ring_bytes) + ",\"send_credits\":" + jnum(c.send_credits) +
+       ",\"upgrade_us\":" + jnum(c.upgrade_us) + ",\"switch_us\":" + jnum(c.switch_us) +
        ",\"opened_unix_ms\":" + jnum(c.info.opened_unix_ms) + ",\"torn\":" + (c.torn ? "true" : "false");
   if (rates.seconds > 0) {
     auto it = rates.conn.find(conn_key(p.pid, c));
@@ -131,7 +140,9 @@ std::string json_process(const ProcessSnapshot& p, const Rates& rates, bool with
                   ",\"pinned_bytes\":" + jnum(p.pinned_bytes) + ",\"pinned_budget\":" +
                   (p.pinned_budget == UINT64_MAX ? std::string("null") : jnum(p.pinned_budget)) +
                   ",\"kits_idle\":" + jnum(p.kits_idle) + ",\"kits_reused\":" + jnum(p.kits_reused) +
-                  ",\"fallbacks\":{";
+                  ",\"switches\":{\"count\":" + jnum(p.switches) + ",\"switch_us_sum\":" + jnum(p.switch_us_sum) +
+                  ",\"switch_us_max\":" + jnum(p.switch_us_max) + ",\"upgrade_us_sum\":" + jnum(p.upgrade_us_sum) +
+                  "},\"fallbacks\":{";
   for (int i = 1; i < kFallbackReasons; ++i) {
     if (i > 1) o += ",";
     o += jstr(rsock::stats::fallback_reason_name(static_cast<FallbackReason>(i))) + ":" + jnum(p.fallbacks[i]);
@@ -219,6 +230,16 @@ std::string text_process(const Round& r, const Rates& rates) {
            human_bytes(double(p.pinned_bytes)).c_str(),
            p.pinned_budget == UINT64_MAX ? "no limit" : human_bytes(double(p.pinned_budget)).c_str(),
            (unsigned long long)p.kits_idle, (unsigned long long)p.kits_reused);
+    if (p.switches == 0) {
+      o += "switches onto rdma: none\n";
+    } else {
+      append(&o, "switches onto rdma: %llu, %.1f ms on average, %.1f ms the longest", (unsigned long long)p.switches,
+             double(p.switch_us_sum) / double(p.switches) / 1000, double(p.switch_us_max) / 1000);
+      if (p.conns_upgraded != 0)
+        append(&o, "; on rdma %.1f ms after the socket's start on average",
+               double(p.upgrade_us_sum) / double(p.conns_upgraded) / 1000);
+      o += "\n";
+    }
     std::string fb;
     for (int i = 1; i < kFallbackReasons; ++i)
       if (p.fallbacks[i] != 0)
@@ -231,8 +252,9 @@ std::string text_process(const Round& r, const Rates& rates) {
              human_bytes(double(p.total.rx_bytes[t])).c_str(), (unsigned long long)p.total.rx_ops[t]);
     append(&o, "credit stalls %llu; segment: %u file(s), %u slots\n\n", (unsigned long long)p.total.credit_stalls,
            p.files, p.slots);
-    append(&o, "%-5s %-6s %-24s %-24s %-11s %-5s %-14s %9s %9s %8s %8s %11s %5s %6s %8s", "FD", "DIR", "LOCAL",
-           "PEER", "STATE", "VIA", "FALLBACK", "TX", "RX", "TX_OPS", "RX_OPS", "RING_S/R", "CRED", "STALLS", "QPN");
+    append(&o, "%-5s %-6s %-24s %-24s %-11s %-5s %-14s %9s %9s %8s %8s %11s %5s %6s %8s %8s %9s", "FD", "DIR",
+           "LOCAL", "PEER", "STATE", "VIA", "FALLBACK", "TX", "RX", "TX_OPS", "RX_OPS", "RING_S/R", "CRED", "STALLS",
+           "QPN", "UP_MS", "SWITCH_MS");
     if (rates.seconds > 0) append(&o, " %10s %10s", "TX/s", "RX/s");
     o += "\n";
     for (const auto& c : p.conns) {
@@ -243,6 +265,7 @@ std::string text_process(const Round& r, const Rates& rates) {
              (unsigned long long)(c.traffic.tx_ops[0] + c.traffic.tx_ops[1]),
              (unsigned long long)(c.traffic.rx_ops[0] + c.traffic.rx_ops[1]), ring.c_str(), c.send_credits,
              (unsigned long long)c.traffic.credit_stalls, c.info.qp_num);
+      append(&o, " %8s %9s", ms_cell(c.upgrade_us).c_str(), ms_cell(c.switch_us).c_str());
       if (rates.seconds > 0) {
         auto it = rates.conn.find(conn_key(p.pid, c));
         const std::pair<double, double>* v = it == rates.conn.end() ? nullptr : &it->second;
@@ -407,6 +430,17 @@ std::string render_prometheus(const Round& r) {
   per_process("rsock_kits_reused_total", "counter",
               "Connections that took a closed connection's verbs resources.",
               [](P p, S) { return p.kits_reused; });
+  per_process("rsock_switches_total", "counter",
+              "Switches onto RDMA (first upgrades and upgrades again after a switch back).",
+              [](P p, S) { return p.switches; });
+  per_process("rsock_switch_microseconds_total", "counter",
+              "Time the switches onto RDMA took in all (RDMA connection up to on RDMA; new writes wait meanwhile).",
+              [](P p, S) { return p.switch_us_sum; });
+  per_process("rsock_switch_microseconds_max", "gauge", "The longest switch onto RDMA.",
+              [](P p, S) { return p.switch_us_max; });
+  per_process("rsock_upgrade_microseconds_total", "counter",
+              "Time from the socket's start to its first time on RDMA, summed over the upgraded connections.",
+              [](P p, S) { return p.upgrade_us_sum; });
   per_transport("rsock_tx_bytes_total", "counter", "Bytes sent, by transport (closed connections included).",
                 [](P p, S, int t) { return p.total.tx_bytes[t]; });
   per_transport("rsock_rx_bytes_total", "counter", "Bytes received, by transport (closed connections included).",
