@@ -137,14 +137,20 @@ stop_srv() {
 }
 
 # summary TAG -- sum of the librsock exit summaries in $OUT/logs/TAG.*.log as
-# "c u f rtx rrx ttx trx", or "none".
+# "c u f rtx rrx ttx trx sw sw_ms sw_max_ms" (switches onto RDMA, their total
+# and longest length), or "none".
 summary() {
   cat "$OUT/logs/$1".*.log 2>/dev/null | awk '
     match($0, /summary: connections=[0-9]+ upgraded=[0-9]+ fallbacks=[0-9]+ rdma_tx=[0-9]+ rdma_rx=[0-9]+ tcp_tx=[0-9]+ tcp_rx=[0-9]+/) {
       s = substr($0, RSTART, RLENGTH); n = split(s, kv, /[ =]/)
       for (i = 3; i <= n; i += 2) t[(i - 1) / 2] += kv[i]; found = 1
+      if (match($0, /switches=[0-9]+ switch_ms_avg=[0-9.]+ switch_ms_max=[0-9.]+/)) {
+        split(substr($0, RSTART, RLENGTH), w, /[ =]/)
+        sw += w[2]; swms += w[2] * w[4]; if (w[6] + 0 > swmax) swmax = w[6] + 0
+      }
     }
-    END { if (found) print t[1], t[2], t[3], t[4], t[5], t[6], t[7]; else print "none" }'
+    END { if (found) printf "%d %d %d %d %d %d %d %d %.1f %.1f\n", t[1], t[2], t[3], t[4], t[5], t[6], t[7], sw, swms, swmax
+          else print "none" }'
 }
 rec_sum() {  # GROUP TRANSPORT ROUND ROLE TAG
   local s; s=$(summary "$5")

@@ -100,7 +100,10 @@ def load(path):
                 na[(r[1], r[2])].append((int(r[3]), r[4]))
             elif r[0] == "sum":
                 v = r[5:]
-                sums[(r[1], r[2], int(r[3]), r[4])] = [int(x) for x in v] if len(v) == 7 else None
+                # 7 counts, then (since the exit summary has them) the
+                # switches onto RDMA, their total and longest length in ms.
+                sums[(r[1], r[2], int(r[3]), r[4])] = ([int(x) for x in v[:7]] + [float(x) for x in v[7:]]
+                                                       if len(v) in (7, 10) else None)
             elif r[0] == "qp":
                 qps[(r[1], r[2])].append(int(r[4]))
             elif r[0] == "meta":
@@ -109,12 +112,14 @@ def load(path):
 
 
 def rdma_ok(s):
-    """(ok, text) for one exit summary [c u f rtx rrx ttx trx]."""
+    """(ok, text) for one exit summary [c u f rtx rrx ttx trx (sw sw_ms sw_max_ms)]."""
     if s is None:
         return False, "no exit summary"
-    c, u, f, rtx, rrx, ttx, trx = s
+    c, u, f, rtx, rrx, ttx, trx = s[:7]
     rdma, tcp = rtx + rrx, ttx + trx
     txt = f"conns={c} upgraded={u} rdma={rdma} B tcp={tcp} B"
+    if len(s) == 10 and s[7] > 0:
+        txt += f" switches={s[7]:.0f} (avg {s[8] / s[7]:.1f} ms, max {s[9]:.1f} ms)"
     if u < 1:
         return False, txt + " (no upgrade)"
     if rdma + tcp and rdma < RDMA_SHARE * (rdma + tcp):
@@ -493,7 +498,11 @@ Transports (both ends of every connection use the same one):
   A librsock figure counts only if the exit summaries (`summary:
   connections=.. upgraded=.. rdma_tx=.. rdma_rx=.. tcp_tx=.. tcp_rx=..`) of
   the client and of the server show an upgraded connection and >= 90 % of
-  the bytes on RDMA; otherwise it is excluded and listed as invalid.
+  the bytes on RDMA; otherwise it is excluded and listed as invalid. The
+  proof table also gives each round's switches onto RDMA with their average
+  and longest length (the summaries' `switches=.. switch_ms_avg=..
+  switch_ms_max=..`): how long a request could wait for its connection's
+  switch.
 
 Workloads (server on 10.77.0.1 in the guest):
 - **sockperf ping-pong** `sockperf pp --tcp -m SIZE -t S --pre-warmup-wait 1`
