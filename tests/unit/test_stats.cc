@@ -65,6 +65,15 @@ ConnSlot* open_test_conn(int fd) {
   return open_conn(fd, Direction::kClient, reinterpret_cast<sockaddr*>(&l), reinterpret_cast<sockaddr*>(&p));
 }
 
+// Two connections at fds 7 and 8 (the cases below read them back by fd).
+std::pair<ConnSlot*, ConnSlot*> open_two_test_conns() {
+  ConnSlot* a = open_test_conn(7);
+  ConnSlot* b = open_test_conn(8);
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  return {a, b};
+}
+
 void write_bytes(const std::string& path, const void* data, size_t n) {
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   REQUIRE(fd >= 0);
@@ -86,10 +95,7 @@ TEST_CASE("stats: disabled means no-ops") {
 
 TEST_CASE("stats: write then read a snapshot") {
   StatsDir d;
-  ConnSlot* a = open_test_conn(7);
-  ConnSlot* b = open_test_conn(8);
-  REQUIRE(a != nullptr);
-  REQUIRE(b != nullptr);
+  auto [a, b] = open_two_test_conns();
   set_upgraded(a, 0x1234);
   a->add_tx(Transport::kRdma, 100);
   a->add_tx(Transport::kRdma, 50);
@@ -146,10 +152,7 @@ TEST_CASE("stats: write then read a snapshot") {
 
 TEST_CASE("stats: switch timings per connection and per process") {
   StatsDir d;
-  ConnSlot* a = open_test_conn(7);
-  ConnSlot* b = open_test_conn(8);
-  REQUIRE(a != nullptr);
-  REQUIRE(b != nullptr);
+  auto [a, b] = open_two_test_conns();
   set_upgraded(a, 1);
   note_switch(a, 4000, true, 30000);
   set_upgraded(b, 2);
