@@ -459,6 +459,10 @@ void set_fallback(ConnSlot* s, FallbackReason reason, uint8_t peer_reason) {
 }
 
 void note_switch(ConnSlot* s, uint64_t switch_us, bool first, uint64_t upgrade_us) {
+  // 0 means "none yet" to readers: a switch or upgrade quicker than 1 us
+  // (or within one tick of the coarse clock) counts as 1.
+  switch_us = std::max<uint64_t>(switch_us, 1);
+  upgrade_us = std::max<uint64_t>(upgrade_us, 1);
   auto u32 = [](uint64_t v) { return static_cast<uint32_t>(std::min<uint64_t>(v, UINT32_MAX)); };
   if (Switches* w = switches()) {
     w->count.fetch_add(1, std::memory_order_relaxed);

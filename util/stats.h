@@ -77,8 +77,8 @@ void set_fallback(ConnSlot* slot, FallbackReason reason, uint8_t peer_reason = 0
 void count_handshake_error();
 // A switch onto RDMA took switch_us (RDMA connection up to on RDMA). first:
 // the connection's first upgrade, upgrade_us after its start. Into the
-// process's sums always, into the slot if there is one (microseconds,
-// clamped to 32 bits there).
+// process's sums always, into the slot if there is one (microseconds, at
+// least 1, clamped to 32 bits there).
 void note_switch(ConnSlot* slot, uint64_t switch_us, bool first, uint64_t upgrade_us);
 
 // Where segments live: $RSOCK_STATS_DIR or /dev/shm/librsock.

@@ -183,6 +183,13 @@ TEST_CASE("stats: switch timings per connection and per process") {
   s = d.read();
   for (const auto& c : s.conns)
     if (c.info.fd == 7) CHECK(c.switch_us == UINT32_MAX);
+  // Quicker than a microsecond (or a coarse tick) is 1, never "none yet".
+  note_switch(b, 0, true, 0);
+  s = d.read();
+  CHECK(s.switch_us_sum == 4000 + 9000 + 2000 + 500 + (uint64_t{5} << 32) + (uint64_t{1} << 40) + 1);
+  CHECK(s.upgrade_us_sum == 80001);
+  for (const auto& c : s.conns)
+    if (c.info.fd == 8) CHECK((c.switch_us == 1 && c.upgrade_us == 1));
   // A reused slot starts with no timings.
   close_conn(a);
   ConnSlot* c = open_test_conn(9);
