@@ -1732,13 +1732,10 @@ bool Stream::advance_locked(bool full) {
       set_phase(Phase::kRdma);
       (void)flush_held();  // what the application wrote meanwhile goes first
       deferred_fin();
-      const bool again = reup_ && !count_next_upgrade_;
-      // For rsock-stat: the switch's length (exact) and, the first time, how
-      // long after the socket's start (coarse, as born_ns_). Before the
-      // upgrade is counted, so that no snapshot sees an upgrade untimed.
-      stats::note_switch(slot_, (now_ns() - switch_ns_) / 1000, !again,
-                         (coarse_now_ns() - born_ns_) / 1000);
-      stats::set_upgraded(slot_, conn_->qp_num(), again);
+      // With the switch's length (exact) and, the first time, how long
+      // after the socket's start (coarse, as born_ns_), for rsock-stat.
+      stats::set_upgraded(slot_, conn_->qp_num(), /*again=*/reup_ && !count_next_upgrade_,
+                          (now_ns() - switch_ns_) / 1000, (coarse_now_ns() - born_ns_) / 1000);
       count_next_upgrade_ = false;
       if (reup_)
         LOG_INFO("fd %d: back on RDMA (qp %u) at stream bytes out/in %llu/%llu", tcp_fd_,

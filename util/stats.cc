@@ -432,7 +432,29 @@ void set_addresses(ConnSlot* s, const sockaddr* local, const sockaddr* peer) {
   write_end(s);
 }
 
-void set_upgraded(ConnSlot* s, uint32_t qp_num, bool again) {
+namespace {
+void note_switch(ConnSlot* s, uint64_t switch_us, bool first, uint64_t upgrade_us) {
+  // 0 means "none yet" to readers: a switch or upgrade quicker than 1 us
+  // (or within one tick of the coarse clock) counts as 1.
+  switch_us = std::max<uint64_t>(switch_us, 1);
+  upgrade_us = std::max<uint64_t>(upgrade_us, 1);
+  auto u32 = [](uint64_t v) { return static_cast<uint32_t>(std::min<uint64_t>(v, UINT32_MAX)); };
+  if (Switches* w = switches()) {
+    w->count.fetch_add(1, std::memory_order_relaxed);
+    w->switch_us_sum.fetch_add(switch_us, std::memory_order_relaxed);
+    for (uint64_t m = w->switch_us_max.load(std::memory_order_relaxed);
+         switch_us > m && !w->switch_us_max.compare_exchange_weak(m, switch_us, std::memory_order_relaxed);) {
+    }
+    if (first) w->upgrade_us_sum.fetch_add(upgrade_us, std::memory_order_relaxed);
+  }
+  if (s == nullptr) return;
+  s->switch_us.store(u32(switch_us), std::memory_order_relaxed);
+  if (first) s->upgrade_us.store(u32(upgrade_us), std::memory_order_relaxed);
+}
+}  // namespace
+
+void set_upgraded(ConnSlot* s, uint32_t qp_num, bool again, uint64_t switch_us, uint64_t upgrade_us) {
+  note_switch(s, switch_us, !again, upgrade_us);
   if (ProcessCounters* pc = counters(); pc && !again)
     pc->conns_upgraded.fetch_add(1, std::memory_order_relaxed);
   if (s == nullptr) return;
@@ -456,25 +478,6 @@ void set_fallback(ConnSlot* s, FallbackReason reason, uint8_t peer_reason) {
   s->info.peer_reason = peer_reason;
   s->info.qp_num = 0;
   write_end(s);
-}
-
-void note_switch(ConnSlot* s, uint64_t switch_us, bool first, uint64_t upgrade_us) {
-  // 0 means "none yet" to readers: a switch or upgrade quicker than 1 us
-  // (or within one tick of the coarse clock) counts as 1.
-  switch_us = std::max<uint64_t>(switch_us, 1);
-  upgrade_us = std::max<uint64_t>(upgrade_us, 1);
-  auto u32 = [](uint64_t v) { return static_cast<uint32_t>(std::min<uint64_t>(v, UINT32_MAX)); };
-  if (Switches* w = switches()) {
-    w->count.fetch_add(1, std::memory_order_relaxed);
-    w->switch_us_sum.fetch_add(switch_us, std::memory_order_relaxed);
-    for (uint64_t m = w->switch_us_max.load(std::memory_order_relaxed);
-         switch_us > m && !w->switch_us_max.compare_exchange_weak(m, switch_us, std::memory_order_relaxed);) {
-    }
-    if (first) w->upgrade_us_sum.fetch_add(upgrade_us, std::memory_order_relaxed);
-  }
-  if (s == nullptr) return;
-  s->switch_us.store(u32(switch_us), std::memory_order_relaxed);
-  if (first) s->upgrade_us.store(u32(upgrade_us), std::memory_order_relaxed);
 }
 
 void count_handshake_error() {

@@ -8,7 +8,8 @@
 //               ... if (slot_) slot_->add_tx(Transport::kRdma, n);   (data path: ConnSlot's
 //                   inline members are lock-free relaxed atomics; slot_ is null when untracked)
 //               stats::set_state(slot_, ConnState::kUpgrading);
-//               stats::set_upgraded(slot_, qp_num);  or  stats::set_fallback(slot_, reason);
+//               stats::set_upgraded(slot_, qp_num, again, switch_us, upgrade_us);  or
+//               stats::set_fallback(slot_, reason);
 //               stats::close_conn(slot_);
 // Every free function below accepts a null slot (ConnSlot's members need a
 // real one), and all are no-ops before init() or when stats are disabled.
@@ -68,18 +69,17 @@ void set_direction(ConnSlot* slot, Direction dir);
 void set_addresses(ConnSlot* slot, const sockaddr* local, const sockaddr* peer);
 // Now on RDMA: transport = kRdma, state = kEstablished; counts conns_upgraded.
 // `again`: the connection was on RDMA before (it switched back and upgraded
-// again): not counted as another upgraded connection.
-void set_upgraded(ConnSlot* slot, uint32_t qp_num, bool again = false);
+// again): not counted as another upgraded connection. The switch took
+// switch_us (RDMA connection up to on RDMA) and, unless `again`, came
+// upgrade_us after the socket's start: into the process's sums, and the
+// slot's (microseconds, at least 1, clamped to 32 bits there). Timed before
+// counted, so no snapshot shows an upgrade without its switch.
+void set_upgraded(ConnSlot* slot, uint32_t qp_num, bool again, uint64_t switch_us, uint64_t upgrade_us);
 // Staying on (or back to) TCP: transport = kTcp, state = kEstablished; counts
 // fallbacks[reason] (slot may be null: counted all the same).
 // peer_reason: with kRejected, the peer's wire::RejectReason (shown by rsock-stat).
 void set_fallback(ConnSlot* slot, FallbackReason reason, uint8_t peer_reason = 0);
 void count_handshake_error();
-// A switch onto RDMA took switch_us (RDMA connection up to on RDMA). first:
-// the connection's first upgrade, upgrade_us after its start. Into the
-// process's sums always, into the slot if there is one (microseconds, at
-// least 1, clamped to 32 bits there).
-void note_switch(ConnSlot* slot, uint64_t switch_us, bool first, uint64_t upgrade_us);
 
 // Where segments live: $RSOCK_STATS_DIR or /dev/shm/librsock.
 std::string default_root_dir();

@@ -6,7 +6,8 @@
 // Connection i (0-based): fd 100+i, client, 127.0.0.1:(40000+i) -> 10.0.0.(i+1):6379;
 // even i on RDMA (qp 1000+i) with tx = 1000*(i+1) bytes in i+1 ops, rx = 500*(i+1),
 // and i credit stalls, a switch of 1000*(i+1) us 10000*(i+1) us after its
-// start (connection 8 a second one of 2500 us); odd i on TCP after fallback peer_not_rsock, same byte
+// start (connection 8 a second one of 2500 us); odd i on TCP after fallback
+// peer_not_rsock, same byte
 // counts on TCP, no credit stalls.
 // With "fork": after setting up, forks; the child calls after_fork_child()
 // and writes "child PID" to READY_FILE.child; the parent writes its pid to
@@ -76,12 +77,9 @@ int main(int argc, char** argv) {
     set_state(s, ConnState::kUpgrading);
     Transport t = i % 2 == 0 ? Transport::kRdma : Transport::kTcp;
     if (t == Transport::kRdma) {
-      set_upgraded(s, 1000 + i);
-      note_switch(s, 1000 * (i + 1), true, 10000 * (i + 1));
-      if (i == 8) {  // back on RDMA after a switch back: a second, shorter switch
-        set_upgraded(s, 1000 + i, /*again=*/true);
-        note_switch(s, 2500, false, 0);
-      }
+      set_upgraded(s, 1000 + i, false, 1000 * (i + 1), 10000 * (i + 1));
+      // Back on RDMA after a switch back: a second, shorter switch.
+      if (i == 8) set_upgraded(s, 1000 + i, /*again=*/true, 2500, 0);
     } else {
       set_fallback(s, FallbackReason::kPeerNotRsock);
     }

@@ -96,7 +96,7 @@ TEST_CASE("stats: disabled means no-ops") {
 TEST_CASE("stats: write then read a snapshot") {
   StatsDir d;
   auto [a, b] = open_two_test_conns();
-  set_upgraded(a, 0x1234);
+  set_upgraded(a, 0x1234, false, 1000, 5000);
   a->add_tx(Transport::kRdma, 100);
   a->add_tx(Transport::kRdma, 50);
   a->add_rx(Transport::kRdma, 10);
@@ -153,16 +153,13 @@ TEST_CASE("stats: write then read a snapshot") {
 TEST_CASE("stats: switch timings per connection and per process") {
   StatsDir d;
   auto [a, b] = open_two_test_conns();
-  set_upgraded(a, 1);
-  note_switch(a, 4000, true, 30000);
-  set_upgraded(b, 2);
-  note_switch(b, 9000, true, 50000);
+  set_upgraded(a, 1, false, 4000, 30000);
+  set_upgraded(b, 2, false, 9000, 50000);
   // b back on RDMA after a reverse switch: its latest switch, not a new upgrade.
-  set_upgraded(b, 3, /*again=*/true);
-  note_switch(b, 2000, false, 0);
-  note_switch(nullptr, 500, false, 0);  // a connection without a slot still counts
+  set_upgraded(b, 3, /*again=*/true, 2000, 0);
+  set_upgraded(nullptr, 4, true, 500, 0);  // a connection without a slot still counts
   // Longer than a slot's 32 bits of microseconds: clamped there, exact in the sums.
-  note_switch(nullptr, uint64_t{5} << 32, false, 0);
+  set_upgraded(nullptr, 5, true, uint64_t{5} << 32, 0);
 
   ProcessSnapshot s = d.read();
   CHECK(s.switches == 5);
@@ -179,12 +176,12 @@ TEST_CASE("stats: switch timings per connection and per process") {
       CHECK(c.switch_us == 2000);
     }
   }
-  note_switch(a, uint64_t{1} << 40, false, 0);
+  set_upgraded(a, 1, true, uint64_t{1} << 40, 0);
   s = d.read();
   for (const auto& c : s.conns)
     if (c.info.fd == 7) CHECK(c.switch_us == UINT32_MAX);
   // Quicker than a microsecond (or a coarse tick) is 1, never "none yet".
-  note_switch(b, 0, true, 0);
+  set_upgraded(b, 2, false, 0, 0);
   s = d.read();
   CHECK(s.switch_us_sum == 4000 + 9000 + 2000 + 500 + (uint64_t{5} << 32) + (uint64_t{1} << 40) + 1);
   CHECK(s.upgrade_us_sum == 80001);
