@@ -27,6 +27,18 @@
 //       them the pinging keeps the CPUs busy, so that the setup's own work
 //       competes with it: work moved off the setup's path (to another
 //       thread) then shows no gain on a 2-vCPU guest.
+//   rsock_connect_bench burst ADDR PORT N
+//       N connections opened back to back and kept open, each echoing 1 byte
+//       once, then left idle until librsock has settled each one (on RDMA,
+//       or on TCP for good; a sweep of getsockopt SOL_RSOCK RSOCK_TRANSPORT
+//       each ms; run with upgrade_delay_ms 0): a process's setup of N
+//       connections at once, the figure rdma-core's `ucmatose -c N` gives for
+//       rdma_cm alone (bench/connect/burst). Prints "burst n=.. on_rdma=..
+//       on_tcp=.. opened_ms=.. settled_ms=.. cpu_ms=.." (from the first
+//       connect(); this process's CPU, progress thread included) and, if any
+//       went onto RDMA, "burst_rdma_ms " with their times from the first
+//       connect(). Plain (no librsock) every connection counts as on TCP.
+//       Exits 1 if one is still upgrading after 30 s.
 //   rsock_connect_bench pingpong ADDR PORT SIZE SECS [WARMUP_SECS]
 //       one connection, SIZE-byte messages echoed back, SECS seconds measured
 //       after WARMUP_SECS (default 1: librsock upgrades in the background).
@@ -258,6 +270,57 @@ int upgrade(const char* addr, int port, int n, int warmup, int gap_ms, int pace_
   return 0;
 }
 
+int burst(const char* addr, int port, int n) {
+  sockaddr_in a;
+  if (!make_addr(addr, port, &a) || n <= 0) {
+    fprintf(stderr, "rsock_connect_bench: bad arguments\n");
+    return 2;
+  }
+  std::vector<int> fds;
+  std::vector<double> ms;  // first connect() to on RDMA, per connection on RDMA
+  std::vector<bool> done(size_t(n), false);
+  double cpu0 = cpu_secs();
+  auto t0 = Clock::now();
+  for (int i = 0; i < n; i++) {
+    int c = dial(a);
+    char b = 'x';
+    if (c < 0 || write(c, &b, 1) != 1 || read(c, &b, 1) != 1 || b != 'x') {
+      fprintf(stderr, "rsock_connect_bench: connection %d failed\n", i);
+      return 1;
+    }
+    fds.push_back(c);
+  }
+  double opened = secs_since(t0) * 1e3;
+  int tcp = 0;  // on TCP for good (not eligible, fell back), or no librsock
+  for (int left = n; left > 0;) {
+    for (int i = 0; i < n; i++) {
+      if (done[size_t(i)]) continue;
+      int t = RSOCK_TRANSPORT_TCP;
+      socklen_t len = sizeof t;
+      (void)getsockopt(fds[size_t(i)], SOL_RSOCK, RSOCK_TRANSPORT, &t, &len);  // plain: TCP
+      if (t == RSOCK_TRANSPORT_UPGRADING || t == RSOCK_TRANSPORT_REVERTING) continue;
+      done[size_t(i)] = true;
+      --left;
+      if (t == RSOCK_TRANSPORT_RDMA) ms.push_back(secs_since(t0) * 1e3);
+      else ++tcp;
+    }
+    if (left > 0 && secs_since(t0) > 30) {
+      fprintf(stderr, "rsock_connect_bench: %d of %d connections still upgrading after 30 s\n", left, n);
+      return 1;
+    }
+    if (left > 0) usleep(1000);
+  }
+  double all = secs_since(t0) * 1e3, cpu = cpu_secs() - cpu0;
+  for (int c : fds) close(c);
+  printf("burst n=%d on_rdma=%zu on_tcp=%d opened_ms=%.1f settled_ms=%.1f cpu_ms=%.1f\n", n,
+         ms.size(), tcp, opened, all, cpu * 1e3);
+  if (!ms.empty()) {
+    printf("burst_rdma_ms ");
+    print_stats(ms);
+  }
+  return 0;
+}
+
 // The one connection of the pingpong and stream modes: its fd, or -2 (bad
 // arguments) / -1 (connect failed), already reported.
 int open_measured(const char* addr, int port, size_t size, double secs) {
@@ -367,6 +430,7 @@ int main(int argc, char** argv) {
   if (argc >= 5 && argc <= 8 && !strcmp(argv[1], "upgrade"))
     return upgrade(argv[2], atoi(argv[3]), atoi(argv[4]), argc >= 6 ? atoi(argv[5]) : 5,
                    argc >= 7 ? atoi(argv[6]) : 0, argc >= 8 ? atoi(argv[7]) : 0);
+  if (argc == 5 && !strcmp(argv[1], "burst")) return burst(argv[2], atoi(argv[3]), atoi(argv[4]));
   if ((argc == 6 || argc == 7) && !strcmp(argv[1], "pingpong"))
     return pingpong(argv[2], atoi(argv[3]), size_t(atol(argv[4])), atof(argv[5]),
                     argc == 7 ? atof(argv[6]) : 1.0);
@@ -377,6 +441,7 @@ int main(int argc, char** argv) {
           "usage: rsock_connect_bench server ADDR PORT\n"
           "       rsock_connect_bench client ADDR PORT N [WARMUP [GAP_MS]]\n"
           "       rsock_connect_bench upgrade ADDR PORT N [WARMUP [GAP_MS [PACE_US]]]\n"
+          "       rsock_connect_bench burst ADDR PORT N\n"
           "       rsock_connect_bench pingpong ADDR PORT SIZE SECS [WARMUP_SECS]\n"
           "       rsock_connect_bench stream ADDR PORT SIZE SECS [WARMUP_SECS]\n");
   return 2;
