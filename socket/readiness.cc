@@ -254,7 +254,25 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     // streams' sleepers (so only when every stream has it in a slot).
     const bool hub_token = hub_at != SIZE_MAX && wake >= 0 && !no_wake;
     if (hub_token && !transport::cq_hub::begin_sleep(wake)) wait[hub_at].fd = -1;  // (ppoll skips it)
-    int r = sys::libc.ppoll(wait.data(), wait.size(), left, sleep.mask());
+    const bool watcher = hub_token && still && wait[hub_at].fd >= 0;
+    int r;
+    for (;;) {
+      r = sys::libc.ppoll(wait.data(), wait.size(), left, sleep.mask());
+      // Woken by the hub alone, as its watcher, while others sleep without
+      // it: read it still the watcher, and sleep on if none of our streams
+      // changed (as Stream::wait: leaving handed the watch to another
+      // sleeper only for this thread to take it back at its next sleep).
+      if (!watcher || r != 1 || !(wait[hub_at].revents & POLLIN) ||
+          !transport::cq_hub::others_asleep())
+        break;
+      transport::cq_hub::poll();
+      wait[hub_at].revents = 0;  // read: not again below
+      bool changed = false;
+      for (nfds_t i = 0; i < n && !changed; i++)
+        changed = streams[i] != nullptr && streams[i]->generation() != seen[i];
+      if (changed || dl.expired()) break;
+      left = dl.left(&buf);
+    }
     int err = errno;
     armed.end();
     if (hub_token) transport::cq_hub::end_sleep();

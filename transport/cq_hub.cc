@@ -111,6 +111,13 @@ void note_if_woken(const pollfd* fds, int n) {
     if (fds[i].fd == f && (fds[i].revents & POLLIN)) return note_readable();
 }
 
+bool woke_alone(const pollfd* fds, nfds_t n) {
+  if (n == 0 || !(fds[n - 1].revents & POLLIN)) return false;
+  for (nfds_t i = 0; i + 1 < n; i++)
+    if (fds[i].revents) return false;
+  return true;
+}
+
 void poll() {
   if (g_nch.load(std::memory_order_acquire) == 0) return;
   cq_group::Group* got[kMaxChannels];
@@ -175,6 +182,11 @@ bool begin_sleep(int wake_fd) {
   if (s->watcher) g_watched = true;
   else g_sleepers.push_back(*s);
   return s->watcher;
+}
+
+bool others_asleep() {
+  std::lock_guard lk(g_sleep_mu);
+  return !g_sleepers.empty();
 }
 
 bool end_sleep() {

@@ -29,12 +29,13 @@
 // the group's work after them outside it (a group's lock comes first).
 #pragma once
 
+#include <poll.h>
+
 #include <mutex>
 
 struct ibv_context;
 struct ibv_comp_channel;
 struct ibv_cq;
-struct pollfd;
 
 namespace rsock::transport::cq_hub {
 
@@ -59,6 +60,11 @@ void note_readable();
 bool noted();
 // note_readable() if fd() is among `fds` and the sleep on them found it readable.
 void note_if_woken(const ::pollfd* fds, int n);
+// Whether a sleep on `fds`, the hub last, ended for the hub alone.
+bool woke_alone(const ::pollfd* fds, ::nfds_t n);
+// Whether threads sleep without the hub (the watcher's end_sleep would wake
+// one of them to take the watch over).
+bool others_asleep();
 // A thread about to sleep on upgraded sockets, with `wake_fd` in its sleep
 // (its eventfd, which those sockets' completions poke: it must be in every
 // one's sleepers). True: the caller watches the hub, i.e. puts fd() in this

@@ -293,3 +293,40 @@ TEST_CASE("threads: a blocked reader wakes for its data while another blocked re
   b.join();
   CHECK(b_done);
 }
+
+TEST_CASE("threads: a blocked reader that woke for others' data still wakes for its own") {
+  // Under librsock the first sleeper (A) watches the completion hub. B's
+  // data wakes A, which passes it on to B and sleeps on, still the watcher
+  // (transport/cq_hub.h; socket/stream_datapath.cc, Stream::wait): so A's
+  // own data, after B's five, must still wake A at once.
+  Pair p1 = connected_pair(), p2 = connected_pair();
+  std::atomic<bool> a_done{false};
+  std::atomic<int> b_got{0};
+  std::thread a([&] {
+    char c;
+    if (read(p1.server, &c, 1) == 1 && c == 'a') a_done = true;  // plain blocking read
+  });
+  usleep(100000);  // A asleep first
+  std::thread b([&] {
+    char c;
+    for (int i = 0; i < 5; i++)
+      if (read(p2.server, &c, 1) == 1 && c == 'b') ++b_got;
+  });
+  usleep(100000);
+  for (int i = 0; i < 5; i++) {
+    CHECK(write_all(p2.client, "b", 1) == 1);
+    for (int k = 0; k < 1000 && b_got < i + 1; k++) usleep(1000);
+    CHECK(b_got == i + 1);
+  }
+  CHECK(!a_done);
+  CHECK(write_all(p1.client, "a", 1) == 1);
+  // Within 60 ms (a few ms in the TCG guest); a sleep that missed it would
+  // wait for the progress thread's look at A's stream (every 250 ms) or
+  // for ever.
+  for (int i = 0; i < 60 && !a_done; i++) usleep(1000);
+  CHECK(a_done);
+  a.join();
+  b.join();
+  CHECK(a_done);
+  CHECK(b_got == 5);
+}
