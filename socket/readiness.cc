@@ -258,15 +258,10 @@ Status<int> poll_emulated(pollfd* fds, nfds_t n, const timespec* timeout, const 
     int r;
     for (;;) {
       r = sys::libc.ppoll(wait.data(), wait.size(), left, sleep.mask());
-      // Woken by the hub alone, as its watcher, while others sleep without
-      // it: read it still the watcher, and sleep on if none of our streams
-      // changed (as Stream::wait: leaving handed the watch to another
-      // sleeper only for this thread to take it back at its next sleep).
-      if (!watcher || r != 1 || !(wait[hub_at].revents & POLLIN) ||
-          !transport::cq_hub::others_asleep())
-        break;
-      transport::cq_hub::poll();
-      wait[hub_at].revents = 0;  // read: not again below
+      // Woken by the hub alone for other sleepers' completions: passed on,
+      // and the sleep goes on unless one of our streams changed
+      // (cq_hub::relay).
+      if (!watcher || r <= 0 || !transport::cq_hub::relay(wait.data(), wait.size(), hub_at)) break;
       bool changed = false;
       for (nfds_t i = 0; i < n && !changed; i++)
         changed = streams[i] != nullptr && streams[i]->generation() != seen[i];

@@ -622,20 +622,12 @@ int Stream::wait(short interest, int timeout_ms, SignalWatch& signals, uint32_t 
       const bool watching = !hub || transport::cq_hub::begin_sleep(fds[0].fd);
       for (;;) {
         err = restartable_poll(fds, nfds_t(watching ? n : n - 1), timeout_ms, signals);
-        // Woken by the hub alone, as its watcher, while other threads sleep
-        // without it: their completions, most of the time. They are read
-        // here, still the watcher (end_sleep below would read them too),
-        // and the sleep goes on if they changed nothing of ours. Leaving
-        // handed the watch to another sleeper, a wakeup with nothing to do,
-        // only for this thread to take it back at its next sleep. (Alone,
-        // the read stays the next progress()'s, off the wakeup's path.
-        // Untimed sleeps only: a timed one would count down what it slept.)
+        // Woken by the hub alone for other sleepers' completions: passed on,
+        // and the sleep goes on unless ours changed (cq_hub::relay). Untimed
+        // sleeps only: a timed one would count down what it slept.
         if (!hub || !watching || err != 0 || timeout_ms >= 0 ||
-            !transport::cq_hub::woke_alone(fds, nfds_t(n)) || !transport::cq_hub::others_asleep())
+            !transport::cq_hub::relay(fds, nfds_t(n), nfds_t(n - 1)) || generation() != seen)
           break;
-        transport::cq_hub::poll();
-        fds[n - 1].revents = 0;  // read: neither end_sleep nor note_if_woken below reads it again
-        if (generation() != seen) break;
       }
       // (Others asleep without the hub: their completions are read now.)
       if (hub && transport::cq_hub::end_sleep() && (fds[n - 1].revents & POLLIN))

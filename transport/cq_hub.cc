@@ -111,13 +111,6 @@ void note_if_woken(const pollfd* fds, int n) {
     if (fds[i].fd == f && (fds[i].revents & POLLIN)) return note_readable();
 }
 
-bool woke_alone(const pollfd* fds, nfds_t n) {
-  if (n == 0 || !(fds[n - 1].revents & POLLIN)) return false;
-  for (nfds_t i = 0; i + 1 < n; i++)
-    if (fds[i].revents) return false;
-  return true;
-}
-
 void poll() {
   if (g_nch.load(std::memory_order_acquire) == 0) return;
   cq_group::Group* got[kMaxChannels];
@@ -184,9 +177,17 @@ bool begin_sleep(int wake_fd) {
   return s->watcher;
 }
 
-bool others_asleep() {
-  std::lock_guard lk(g_sleep_mu);
-  return !g_sleepers.empty();
+bool relay(pollfd* fds, nfds_t n, nfds_t hub) {
+  if (hub >= n || !(fds[hub].revents & POLLIN)) return false;
+  for (nfds_t i = 0; i < n; i++)
+    if (i != hub && fds[i].revents) return false;
+  {
+    std::lock_guard lk(g_sleep_mu);
+    if (g_sleepers.empty()) return false;
+  }
+  poll();
+  fds[hub].revents = 0;  // read: neither end_sleep's caller nor note_if_woken reads it again
+  return true;
 }
 
 bool end_sleep() {

@@ -60,11 +60,15 @@ void note_readable();
 bool noted();
 // note_readable() if fd() is among `fds` and the sleep on them found it readable.
 void note_if_woken(const ::pollfd* fds, int n);
-// Whether a sleep on `fds`, the hub last, ended for the hub alone.
-bool woke_alone(const ::pollfd* fds, ::nfds_t n);
-// Whether threads sleep without the hub (the watcher's end_sleep would wake
-// one of them to take the watch over).
-bool others_asleep();
+// The watcher's sleep on `fds` (the hub at fds[hub]) ended for the hub
+// alone while other threads sleep without it: reads the hub, which passes
+// their completions on, clears its revents and says true; the caller then
+// sleeps on, still the watcher, unless its own streams changed. Leaving
+// would hand the watch (end_sleep) to another sleeper, a wakeup with nothing
+// to do, only for the caller to take it back at its next sleep. False (and
+// nothing read) otherwise: alone, a watcher leaves the read to the next
+// Connection::progress(), off its wakeup's path.
+bool relay(::pollfd* fds, ::nfds_t n, ::nfds_t hub);
 // A thread about to sleep on upgraded sockets, with `wake_fd` in its sleep
 // (its eventfd, which those sockets' completions poke: it must be in every
 // one's sleepers). True: the caller watches the hub, i.e. puts fd() in this
