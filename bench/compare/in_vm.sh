@@ -92,6 +92,9 @@ pfx() {
     tcp|raw) P=(env -u LD_PRELOAD) ;;
     rsp) P=(env LD_PRELOAD="$RSP") ;;
     rsock) P=(env LD_PRELOAD="$LIB" RSOCK_LOG_LEVEL=info RSOCK_LOG_FILE="$OUT/logs/$2.%p.log") ;;
+    # librsock loaded, no upgrade ever tried: the hooks' cost alone (pairs).
+    noup) P=(env LD_PRELOAD="$LIB" RSOCK_DEFAULT=tcp RSOCK_LOG_LEVEL=info
+             RSOCK_LOG_FILE="$OUT/logs/$2.%p.log") ;;
   esac
 }
 
@@ -431,7 +434,13 @@ run_pairs() {
     # favours neither.
     if ((p % 2)); then order=(tcp rsock); else order=(rsock tcp); fi
     echo "== pair $p of $PAIRS: ${order[*]} ($(($(date +%s) - START)) s)"
-    for tr in "${order[@]}"; do run_connect_pair "$tr" "$p"; done
+    # The pass-through (librsock with default = tcp) between the two: its
+    # connect against the same pair's TCP. (Run after the rsock one in every
+    # round, its rounds' diagnostic rows read 1.3x TCP where runs in
+    # alternating order showed no difference: docs/PERFORMANCE.md.)
+    run_connect_pair "${order[0]}" "$p"
+    run_connect_pair noup "$p"
+    run_connect_pair "${order[1]}" "$p"
     for tr in "${order[@]}"; do run_redis "$tr" "$p" redis_pair; done
     if ((REDIS_LONG_N > 0)); then
       for tr in "${order[@]}"; do run_redis "$tr" "$p" redis_long_pair "$REDIS_LONG_N"; done

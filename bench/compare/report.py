@@ -68,10 +68,14 @@ RAW_FROM = {"pp64": "ib_send_lat -s 64", "pp1024": "ib_send_lat -s 1024", "pp163
             "bpp16384": "ib_send_lat -s 16384", "sp_tp": "ib_write_bw -s 65536",
             "iperf3": "ib_write_bw -s 65536", "bstream": "ib_write_bw -s 65536"}
 # Back-to-back pairs (in_vm.sh run_pairs): (workload, label, librsock server
-# group, kind, metric, op, limit, the target they judge).
+# group, kind, metric, op, limit, the target they judge[, transport]). The
+# transport is rsock unless given; noup (librsock loaded with default = tcp)
+# upgrades nothing on purpose: no exit summary makes its figure valid.
 PAIR_WORKLOADS = (
     ("connect_pair", "connect() to first echoed byte", "connect_pair", "conn", "median_us", "<=", 1.1,
      "connect-to-first-byte median <= 1.1x TCP"),
+    ("connect_pair", "diagnostic: connect() to first echoed byte, librsock default = tcp", None,
+     "conn", "median_us", "<=", 1.1, None, "noup"),
     ("redis_pair_set", "redis-benchmark SET -c 10", "redis_pair", "rps", "rps", ">=", 1.0,
      "redis-benchmark SET >= 1.0x TCP"),
     ("redis_pair_get", "redis-benchmark GET -c 10", "redis_pair", "rps", "rps", ">=", 1.0,
@@ -315,13 +319,15 @@ def main():
     pair_rows = ["| workload | unit | TCP, pair by pair | librsock, pair by pair | librsock/TCP, pair by pair | median ratio |",
                  "|---|---|---|---|---|---:|"]
     pair_target = {}  # target name -> its targets-table row
-    for w, label, group, kind, m, op, limit, name in PAIR_WORKLOADS:
+    for w, label, group, kind, m, op, limit, name, *rest in PAIR_WORKLOADS:
+        tr = rest[0] if rest else "rsock"
         tcp = dict(res.get((w, "tcp", m), []))
-        rs = dict(res.get((w, "rsock", m), []))
+        rs = dict(res.get((w, tr, m), []))
         pairs = []
         for p in sorted(set(tcp) & set(rs)):
-            ok, txt = validity(w, group, kind, p, sums)
-            proof.append((w, p, ("" if ok else "INVALID: ") + txt))
+            ok, txt = validity(w, group, kind, p, sums) if group else (True, "")
+            if group:
+                proof.append((w, p, ("" if ok else "INVALID: ") + txt))
             if not ok:
                 invalid.append((w, p, txt))
             elif tcp[p]:
@@ -330,9 +336,11 @@ def main():
         # (an explained TCP n/a only leaves its pair out).
         ran = int(meta.get("redis_long_n", "0")) > 0 if w.startswith("redis_long") else True
         if int(meta.get("pairs", "0")) > 0 and ran:
-            bad = [txt for w_, _, txt in invalid if w_ == w] + [why for _, why in na.get((w, "rsock"), [])]
+            bad = ([txt for w_, _, txt in invalid if w_ == w] if group else []) + \
+                [why for _, why in na.get((w, tr), [])]
             if bad or not rs:
-                problems.append(f"{w}/librsock: " + (bad[0] if bad else "no figure recorded"))
+                problems.append(f"{w}/{'librsock' if tr == 'rsock' else tr}: " +
+                                (bad[0] if bad else "no figure recorded"))
         if not pairs:
             continue
         f = lambda v: fmt(v, kind)
@@ -392,7 +400,8 @@ def main():
     if pairs_table:
         targets += ("\n\nThe back-to-back pairs behind the rows that say so (each pair: one run over "
                     "TCP and one over librsock, seconds apart, which goes first alternating; the "
-                    "rounds' cells above are minutes apart):\n\n" + pairs_table)
+                    "connect pairs' pass-through run, librsock with default = tcp, between the two; "
+                    "the rounds' cells above are minutes apart):\n\n" + pairs_table)
 
     foot = "\n".join(f"{n}. {t}" for t, n in notes.items())
     prooft = ["| workload | round | librsock exit summaries (client; server of that round) |", "|---|---:|---|"]
@@ -549,7 +558,10 @@ Workloads (server on 10.77.0.1 in the guest):
   a guest whose speed drifts over minutes. Each pair also runs redis a
   second time, longer (`-n {meta.get('redis_long_n', '?')}`, the "long run"
   rows, a diagnostic): a short run's rate includes the connections' setup
-  at its start, which the long one spreads over more requests.
+  at its start, which the long one spreads over more requests. Each connect
+  pair also runs the pass-through between its two runs (librsock loaded on
+  both ends with `default = tcp`, a diagnostic row against the same pair's
+  TCP): what the hooks alone add to a connection's setup, with no upgrade.
 - **diagnostic** rows (median only, no target): the `connect()` call alone,
   and connection setup with librsock on both ends but `RSOCK_DEFAULT=tcp`
   (hooks only, no upgrade started).
