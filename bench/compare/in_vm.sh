@@ -435,9 +435,9 @@ run_pairs() {
     if ((p % 2)); then order=(tcp rsock); else order=(rsock tcp); fi
     echo "== pair $p of $PAIRS: ${order[*]} ($(($(date +%s) - START)) s)"
     # The pass-through (librsock with default = tcp) between the two: its
-    # connect against the same pair's TCP. (Run after the rsock one in every
-    # round, its rounds' diagnostic rows read 1.3x TCP where runs in
-    # alternating order showed no difference: docs/PERFORMANCE.md.)
+    # connect against the same pair's TCP. (Its rounds' diagnostic runs
+    # always follow librsock's, minutes from TCP's: docs/PERFORMANCE.md,
+    # session 48.)
     run_connect_pair "${order[0]}" "$p"
     run_connect_pair noup "$p"
     run_connect_pair "${order[1]}" "$p"
