@@ -91,11 +91,11 @@ pfx() {
   case $1 in
     tcp|raw) P=(env -u LD_PRELOAD) ;;
     rsp) P=(env LD_PRELOAD="$RSP") ;;
-    rsock) P=(env LD_PRELOAD="$LIB" RSOCK_LOG_LEVEL=info RSOCK_LOG_FILE="$OUT/logs/$2.%p.log") ;;
-    # librsock loaded, no upgrade ever tried: the hooks' cost alone (pairs).
-    noup) P=(env LD_PRELOAD="$LIB" RSOCK_DEFAULT=tcp RSOCK_LOG_LEVEL=info
-             RSOCK_LOG_FILE="$OUT/logs/$2.%p.log") ;;
+    rsock|noup) P=(env LD_PRELOAD="$LIB" RSOCK_LOG_LEVEL=info RSOCK_LOG_FILE="$OUT/logs/$2.%p.log") ;;
   esac
+  # noup: librsock loaded, no upgrade ever tried (the hooks' cost alone).
+  [ "$1" = noup ] && P+=(RSOCK_DEFAULT=tcp)
+  return 0
 }
 
 # start_srv TRANSPORT TAG PORT CMD... -- server in the background (SRV=pid);
@@ -391,10 +391,10 @@ run_cb() {  # TRANSPORT ROUND
 run_connect_noupgrade() {  # ROUND
   local rnd=$1 port tag=cb-connect-noup-r$1 o line rc
   port=$(free_port)
-  if ! RSOCK_DEFAULT=tcp start_srv rsock "cb-srv-noup-r$rnd" "$port" "$CB" server "$HOST" "$port"; then
+  if ! start_srv noup "cb-srv-noup-r$rnd" "$port" "$CB" server "$HOST" "$port"; then
     rec na connect_noup rsock "$rnd" "rsock_connect_bench server: $SRV_WHY"; return
   fi
-  RSOCK_DEFAULT=tcp client rsock "$tag" "$TO" "$CB" client "$HOST" "$port" "$CONN_N"
+  client noup "$tag" "$TO" "$CB" client "$HOST" "$port" "$CONN_N"
   rc=$?
   o=$OUT/logs/$tag.out
   line=$(sed -n 's/^connect_us n=[0-9]* median=\([0-9.]*\) p99=\([0-9.]*\) avg=\([0-9.]*\).*/\1 \2 \3/p' "$o")
